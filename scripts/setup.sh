@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the Debian packages fluxmpi needs to build, test and run, when they are missing.
+#   scripts/setup.sh            build + test + run dependencies
+#   scripts/setup.sh --fuzz     also clang and its sanitizer runtimes (fuzzing)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libtorch-dev libopenblas0-openmp       # tensor math; OpenBLAS (OpenMP) instead of the ~25x slower reference BLAS
+  libopenmpi-dev openmpi-bin             # MPI
+  libhdf5-dev hdf5-tools                 # checkpoints; h5dump/h5ls/h5clear
+  libsentencepiece-dev                   # T5 tokenizer (and its trainer for the demo model)
+  libboost-program-options-dev           # command line and INI files
+  nlohmann-json3-dev libgtest-dev libpng-dev
+  libicu-dev                             # CLIP tokenizer: NFC, Unicode lower-casing and regex
+  python3-numpy python3-h5py python3-pil # ../shared/tools/check-cli.sh and the HDF5 examples
+)
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-14-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Debian's libblas.so.3 alternative must point at OpenBLAS, not the reference BLAS.
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
+case "$blas" in
+  *openblas*) ;;
+  *) echo "setup: warning: libblas.so.3 resolves to '$blas', not OpenBLAS: matmuls will be slow" >&2 ;;
+esac
+echo "setup: all packages present"

@@ -1,0 +1,19 @@
+#pragma once
+/// Byte sizes and memory readings.
+
+#include <cstdint>
+#include <string>
+
+namespace fluxmpi {
+
+/// Parses "16GiB", "512MiB", "2GB", "1.5GiB", "1000000" (bytes). Throws UsageError naming `what`.
+uint64_t parse_bytes(const std::string& text, const std::string& what);
+/// 1.5 GiB, 320.0 MiB, 12 B.
+std::string format_bytes(uint64_t bytes);
+
+/// Peak resident set size of this process (VmHWM), in bytes; 0 when unknown.
+uint64_t peak_rss_bytes();
+/// Current resident set size (VmRSS), in bytes; 0 when unknown.
+uint64_t current_rss_bytes();
+
+}  // namespace fluxmpi

@@ -1,0 +1,138 @@
+#include "io/tensor_store.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace fluxmpi::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+std::string read_text_file(const fs::path& path, const std::string& label) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw WeightError(str_cat(label, ": '", path.string(), "' is a directory, expected a file"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw WeightError(str_cat(label, ": cannot read '", path.string(), "'"));
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+}  // namespace
+
+TensorStore TensorStore::open_file(const std::string& path, const std::string& label) {
+  TensorStore store;
+  fs::path p(path);
+  store.dir_ = p.parent_path().string();
+  store.label_ = label;
+  std::string name = p.filename().string();
+  auto file = std::make_shared<SafetensorsFile>(path);
+  for (const auto& e : file->header().tensors) store.key_to_file_[e.name] = name;
+  store.open_[name] = std::move(file);
+  return store;
+}
+
+TensorStore TensorStore::open_dir(const std::string& dir, const std::string& label) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw WeightError(str_cat(label, ": directory '", dir, "' not found"));
+  if (!fs::is_directory(dir, ec)) throw WeightError(str_cat(label, ": '", dir, "' is not a directory"));
+  for (const char* stem : {"diffusion_pytorch_model", "model"}) {
+    fs::path index = fs::path(dir) / (std::string(stem) + ".safetensors.index.json");
+    if (!fs::exists(index, ec)) continue;
+    std::string index_label = str_cat(label, "/", index.filename().string());
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(index, label));
+    } catch (const nlohmann::json::exception& e) {
+      throw WeightError(str_cat(index_label, ": not valid JSON: ", e.what()));
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw WeightError(str_cat(index_label, ": missing object 'weight_map'"));
+    TensorStore store;
+    store.dir_ = dir;
+    store.label_ = label;
+    std::set<std::string> shards;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        throw WeightError(str_cat(index_label, ": weight_map['", it.key(), "'] is not a file name"));
+      std::string file = it.value().get<std::string>();
+      if (!is_plain_file_name(file))
+        throw WeightError(str_cat(index_label, ": weight_map['", it.key(), "'] = '", file,
+                                  "' is not a file name inside the directory"));
+      store.key_to_file_[it.key()] = file;
+      shards.insert(file);
+    }
+    for (const auto& s : shards) {
+      fs::path p = fs::path(dir) / s;
+      if (!fs::exists(p, ec))
+        throw WeightError(str_cat(index_label, ": shard '", s, "' listed in the index is missing"));
+      if (!fs::is_regular_file(p, ec))
+        throw WeightError(str_cat(index_label, ": shard '", s, "' is not a regular file"));
+    }
+    return store;
+  }
+  for (const char* stem : {"diffusion_pytorch_model", "model"}) {
+    fs::path single = fs::path(dir) / (std::string(stem) + ".safetensors");
+    if (fs::exists(single, ec)) return open_file(single.string(), label);
+  }
+  std::vector<fs::path> candidates;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".safetensors") candidates.push_back(entry.path());
+  if (candidates.size() == 1) return open_file(candidates[0].string(), label);
+  if (candidates.empty())
+    throw WeightError(str_cat(label, ": no safetensors weights in '", dir,
+                              "' (expected diffusion_pytorch_model.safetensors, model.safetensors or a "
+                              "*.safetensors.index.json)"));
+  throw WeightError(str_cat(label, ": several *.safetensors files in '", dir, "' and no index to say which to use"));
+}
+
+std::vector<std::string> TensorStore::keys() const {
+  std::vector<std::string> out;
+  out.reserve(key_to_file_.size());
+  for (const auto& kv : key_to_file_) out.push_back(kv.first);
+  return out;
+}
+
+const std::string& TensorStore::file_of(const std::string& key) const {
+  auto it = key_to_file_.find(key);
+  if (it == key_to_file_.end()) throw WeightError(str_cat(label_, ": tensor '", key, "' not found"));
+  return it->second;
+}
+
+const SafetensorsFile& TensorStore::shard(const std::string& file) const {
+  auto it = open_.find(file);
+  if (it != open_.end()) return *it->second;
+  auto opened = std::make_shared<SafetensorsFile>((fs::path(dir_) / file).string());
+  // Every tensor of the shard must belong to it according to the index: a tensor stored in two
+  // shards, or in a shard the index does not name for it, is ambiguous.
+  for (const auto& e : opened->header().tensors) {
+    auto k = key_to_file_.find(e.name);
+    if (k != key_to_file_.end() && k->second != file)
+      throw WeightError(str_cat(label_, ": tensor '", e.name, "' is stored in '", file, "' but the index assigns it to '",
+                                k->second, "'"));
+  }
+  return *open_.emplace(file, std::move(opened)).first->second;
+}
+
+TensorView TensorStore::get(const std::string& key) const {
+  const std::string& file = file_of(key);
+  const SafetensorsFile& f = shard(file);
+  const TensorEntry* e = f.find(key);
+  if (e == nullptr)
+    throw WeightError(str_cat(label_, ": tensor '", key, "' is listed in the index but missing from '", f.path(), "'"));
+  return TensorView{e, &f};
+}
+
+void TensorStore::close() { open_.clear(); }
+
+}  // namespace fluxmpi::io

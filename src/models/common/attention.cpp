@@ -1,0 +1,57 @@
+#include "models/common/attention.h"
+
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace fluxmpi::nn {
+namespace {
+
+at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                          double scale, bool causal) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  if (scale != 1.0) scores.mul_(scale);
+  if (bias.defined()) scores.add_(bias);
+  if (causal) {
+    int64_t lq = q.size(-2), lk = k.size(-2);
+    at::Tensor mask = at::ones({lq, lk}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+    scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
+  }
+  return at::matmul(at::softmax(scores, -1), v);
+}
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                     std::optional<double> scale, bool causal) {
+  FLUX_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention expects [B, H, L, Dh] tensors");
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+#if TORCH_VERSION_MAJOR >= 2
+  if (!bias.defined() || q.is_cuda()) {
+    return at::scaled_dot_product_attention(q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+                                            0.0, causal && !bias.defined(), s);
+  }
+#endif
+  const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), Lk = k.size(2);
+  const int64_t per_head = Lq * Lk * static_cast<int64_t>(q.element_size());
+  const int64_t heads_per_chunk = std::max<int64_t>(1, kAttentionChunkBytes / std::max<int64_t>(per_head, 1));
+  if (B * H <= heads_per_chunk) return math_attention(q, k, v, bias, s, causal);
+  // Split over batch x heads: view as [B*H, 1, L, Dh] chunks.
+  at::Tensor q3 = q.reshape({B * H, 1, Lq, q.size(3)});
+  at::Tensor k3 = k.reshape({B * H, 1, Lk, k.size(3)});
+  at::Tensor v3 = v.reshape({B * H, 1, Lk, v.size(3)});
+  at::Tensor b3;
+  if (bias.defined()) b3 = bias.expand({B, H, Lq, Lk}).reshape({B * H, 1, Lq, Lk});
+  at::Tensor out = at::empty({B * H, 1, Lq, v.size(3)}, q.options());
+  for (int64_t start = 0; start < B * H; start += heads_per_chunk) {
+    int64_t n = std::min(heads_per_chunk, B * H - start);
+    at::Tensor bc = b3.defined() ? b3.narrow(0, start, n) : at::Tensor();
+    out.narrow(0, start, n).copy_(math_attention(q3.narrow(0, start, n), k3.narrow(0, start, n), v3.narrow(0, start, n), bc, s, causal));
+  }
+  return out.reshape({B, H, Lq, v.size(3)});
+}
+
+}  // namespace fluxmpi::nn

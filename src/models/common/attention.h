@@ -1,0 +1,22 @@
+#pragma once
+/// The one attention function of fluxmpi. libtorch >= 2.0: at::scaled_dot_product_attention
+/// (fused flash / memory-efficient kernels on GPU). Older libtorch (Debian's 1.13): plain
+/// softmax(q k^T * scale + bias) v, computed in chunks of heads so the score matrix stays small;
+/// chunking does not change any result bit (each head is an independent matmul).
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace fluxmpi::nn {
+
+/// q: [B, H, Lq, Dh], k, v: [B, H, Lk, Dh] -> [B, H, Lq, Dh].
+/// `bias`: additive, broadcastable to [B, H, Lq, Lk] (undefined = none). `scale`: default
+/// 1/sqrt(Dh). `causal`: mask keys after the query position.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias = {},
+                     std::optional<double> scale = std::nullopt, bool causal = false);
+
+/// Bytes the score matrix of one chunk may take before attention() splits the heads (math path).
+inline constexpr int64_t kAttentionChunkBytes = 256ll << 20;
+
+}  // namespace fluxmpi::nn

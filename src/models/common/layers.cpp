@@ -1,0 +1,62 @@
+#include "models/common/layers.h"
+
+#include <ATen/ATen.h>
+
+namespace fluxmpi::nn {
+
+at::Tensor placeholder(at::IntArrayRef shape) { return at::empty(shape, at::TensorOptions().dtype(at::kFloat)); }
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
+  weight = register_parameter("weight", placeholder({out, in}), false);
+  if (with_bias) bias = register_parameter("bias", placeholder({out}), false);
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", placeholder({dim}), false);
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) const {
+  at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+  at::Tensor y = x * at::rsqrt(variance + eps);
+  if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) y = y.to(weight.scalar_type());
+  return y * weight;
+}
+
+LayerNormImpl::LayerNormImpl(int64_t dim_, double eps_, bool affine) : dim(dim_), eps(eps_) {
+  if (affine) {
+    weight = register_parameter("weight", placeholder({dim}), false);
+    bias = register_parameter("bias", placeholder({dim}), false);
+  }
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) const { return at::layer_norm(x, {dim}, weight, bias, eps); }
+
+GroupNormImpl::GroupNormImpl(int64_t groups_, int64_t channels, double eps_) : groups(groups_), eps(eps_) {
+  weight = register_parameter("weight", placeholder({channels}), false);
+  bias = register_parameter("bias", placeholder({channels}), false);
+}
+
+at::Tensor GroupNormImpl::forward(const at::Tensor& x) const { return at::group_norm(x, groups, weight, bias, eps); }
+
+Conv2dImpl::Conv2dImpl(int64_t in, int64_t out, int64_t kernel) : padding(kernel / 2) {
+  weight = register_parameter("weight", placeholder({out, in, kernel, kernel}), false);
+  bias = register_parameter("bias", placeholder({out}), false);
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) const {
+  return at::conv2d(x, weight, bias, /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim) {
+  weight = register_parameter("weight", placeholder({num, dim}), false);
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+
+at::Tensor gelu_tanh(const at::Tensor& x) { return at::gelu(x, "tanh"); }
+
+at::Tensor quick_gelu(const at::Tensor& x) { return x * at::sigmoid(1.702 * x); }
+
+}  // namespace fluxmpi::nn

@@ -1,0 +1,81 @@
+#pragma once
+/// Small libtorch modules with diffusers/transformers parameter names. Parameters are created
+/// uninitialised (float32, CPU, untouched so they cost no memory) and replaced by the loader with
+/// tensors of the run dtype and device; models that need values without a file (tests,
+/// make-tiny-model) fill them explicitly.
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace fluxmpi::nn {
+
+/// y = x W^T + b. Parameters: weight [out, in], bias [out].
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  at::Tensor bias;  ///< undefined without bias
+  int64_t in_features, out_features;
+};
+TORCH_MODULE(Linear);
+
+/// RMS normalisation in float32 with a learned scale, as diffusers' RMSNorm and T5's LayerNorm:
+/// x * rsqrt(mean(x^2) + eps), cast to the weight dtype when that is 16-bit, times weight.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+/// LayerNorm over the last dimension; parameters weight/bias only when `affine`.
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps, bool affine);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  int64_t dim;
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
+
+class GroupNormImpl : public torch::nn::Module {
+ public:
+  GroupNormImpl(int64_t groups, int64_t channels, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  int64_t groups;
+  double eps;
+};
+TORCH_MODULE(GroupNorm);
+
+/// 2-D convolution, stride 1, square kernel, "same" padding for odd kernels.
+class Conv2dImpl : public torch::nn::Module {
+ public:
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  int64_t padding;
+};
+TORCH_MODULE(Conv2d);
+
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num, int64_t dim);
+  at::Tensor forward(const at::Tensor& ids) const;
+  at::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+/// GELU with the tanh approximation (diffusers "gelu-approximate", transformers "gelu_new").
+at::Tensor gelu_tanh(const at::Tensor& x);
+/// x * sigmoid(1.702 x) (CLIP).
+at::Tensor quick_gelu(const at::Tensor& x);
+
+/// An uninitialised parameter tensor of `shape`: placeholder until the loader replaces it.
+at::Tensor placeholder(at::IntArrayRef shape);
+
+}  // namespace fluxmpi::nn

@@ -1,0 +1,43 @@
+#pragma once
+/// The one weight loader: every parameter of a module tree is taken from the store by its name
+/// (the diffusers / transformers key), shape-checked and converted to the run dtype and device.
+/// Missing keys, wrong shapes and keys in the owned range that no parameter claims are errors
+/// naming the key, the file, the expected and the actual shape.
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/tensor_store.h"
+
+namespace fluxmpi::nn {
+
+struct LoadRules {
+  /// Prepended to every parameter name to form its key (e.g. "text_model.").
+  std::string prefix;
+  /// Keys under these prefixes are never loaded and never reported (the VAE's "encoder.").
+  std::vector<std::string> skip_prefixes;
+  /// Other keys to try, in order, when a parameter's own key is absent (tied weights: T5's
+  /// "encoder.embed_tokens.weight" is "shared.weight").
+  std::map<std::string, std::vector<std::string>> aliases;
+  /// Keys this module tree must account for: any such key that no parameter claims is an error.
+  /// Default (empty function): every key of the store that is not skipped.
+  std::function<bool(const std::string&)> owned;
+};
+
+struct LoadStats {
+  int64_t tensors = 0;
+  int64_t bytes = 0;  ///< bytes of the loaded parameters in the run dtype
+};
+
+/// Loads all parameters of `module`. After loading, the shards' pages are released.
+LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
+                      at::ScalarType dtype, at::Device device);
+
+/// Bytes of all parameters of `module` (after loading: in the run dtype).
+int64_t parameter_bytes(const torch::nn::Module& module);
+
+}  // namespace fluxmpi::nn

@@ -1,0 +1,90 @@
+#include "models/common/tensor_utils.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace fluxmpi::nn {
+
+at::ScalarType parse_dtype(const std::string& text) {
+  if (text == "fp32" || text == "float32") return at::kFloat;
+  if (text == "bf16" || text == "bfloat16") return at::kBFloat16;
+  if (text == "fp16" || text == "float16") return at::kHalf;
+  throw UsageError(str_cat("--dtype must be fp32, bf16 or fp16, got '", text, "'"));
+}
+
+const char* dtype_label(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "fp32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "fp16";
+    default: return "other";
+  }
+}
+
+namespace {
+at::ScalarType scalar_type_of(io::DType d, const std::string& key, const std::string& file) {
+  switch (d) {
+    case io::DType::F32: return at::kFloat;
+    case io::DType::F16: return at::kHalf;
+    case io::DType::BF16: return at::kBFloat16;
+    case io::DType::F64: return at::kDouble;
+    case io::DType::I64: return at::kLong;
+    case io::DType::I32: return at::kInt;
+    case io::DType::I16: return at::kShort;
+    case io::DType::I8: return at::kChar;
+    case io::DType::U8: return at::kByte;
+    case io::DType::Bool: return at::kBool;
+    default:
+      throw WeightError(str_cat("'", file, "': tensor '", key, "' has dtype ", io::dtype_name(d),
+                                ", which fluxmpi cannot load (supported: F32, F16, BF16, F64 and integer types)"));
+  }
+}
+}  // namespace
+
+at::Tensor borrow(const io::TensorView& view) {
+  const io::TensorEntry& e = *view.entry;
+  at::ScalarType st = scalar_type_of(e.dtype, e.name, view.file->path());
+  std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
+  const uint8_t* ptr = view.data();
+  size_t elem = io::dtype_size(e.dtype);
+  if (e.num_bytes() == 0) return at::empty(shape, at::TensorOptions().dtype(st));
+  if (reinterpret_cast<uintptr_t>(ptr) % elem == 0) {
+    // The mapping is read-only; nothing writes through this tensor (it is only a copy source).
+    return at::from_blob(const_cast<uint8_t*>(ptr), shape, at::TensorOptions().dtype(st));
+  }
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(st));
+  std::memcpy(out.data_ptr(), ptr, e.num_bytes());
+  return out;
+}
+
+at::Tensor read_tensor(const io::TensorStore& store, const std::string& key, at::ScalarType dtype, at::Device device) {
+  io::TensorView view = store.get(key);
+  at::Tensor src = borrow(view);
+  at::Tensor out = at::empty(src.sizes(), at::TensorOptions().dtype(dtype).device(device));
+  out.copy_(src);
+  view.file->release(*view.entry);
+  return out;
+}
+
+std::string shape_string(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) { return shape_string(at::IntArrayRef(shape)); }
+
+void check_shape(const at::Tensor& t, const std::vector<int64_t>& expected, const char* what) {
+  bool ok = t.dim() == static_cast<int64_t>(expected.size());
+  for (size_t i = 0; ok && i < expected.size(); ++i)
+    if (expected[i] >= 0 && t.size(static_cast<int64_t>(i)) != expected[i]) ok = false;
+  if (!ok) {
+    std::string want = "[";
+    for (size_t i = 0; i < expected.size(); ++i)
+      want += (i ? ", " : "") + (expected[i] >= 0 ? std::to_string(expected[i]) : std::string("*"));
+    throw InternalError(str_cat(what, ": expected shape ", want, "], got ", shape_string(t.sizes())));
+  }
+}
+
+}  // namespace fluxmpi::nn

@@ -1,0 +1,32 @@
+#pragma once
+/// dtype and device helpers, and the bridge from mapped safetensors data to torch tensors.
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "io/tensor_store.h"
+
+namespace fluxmpi::nn {
+
+/// "fp32" | "bf16" | "fp16" (also "float32", "bfloat16", "float16") -> ScalarType; UsageError otherwise.
+at::ScalarType parse_dtype(const std::string& text);
+/// fp32 | bf16 | fp16
+const char* dtype_label(at::ScalarType dtype);
+
+/// A torch tensor over the mapped bytes of `view` (no copy when the data is aligned for its
+/// dtype; an aligned copy otherwise). Valid while the store keeps the shard mapped.
+at::Tensor borrow(const io::TensorView& view);
+/// The tensor converted to `dtype` on `device`: one copy, made directly from the mapping.
+at::Tensor read_tensor(const io::TensorStore& store, const std::string& key, at::ScalarType dtype, at::Device device);
+
+/// "[3072, 64]"
+std::string shape_string(at::IntArrayRef shape);
+std::string shape_string(const std::vector<int64_t>& shape);
+
+/// Throws InternalError "<what>: expected shape [..] got [..]" unless `t` has `dims` dimensions
+/// and, where `expected[i]` >= 0, that size.
+void check_shape(const at::Tensor& t, const std::vector<int64_t>& expected, const char* what);
+
+}  // namespace fluxmpi::nn

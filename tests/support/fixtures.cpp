@@ -1,0 +1,79 @@
+#include "support/fixtures.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace fluxmpi::test {
+namespace fs = std::filesystem;
+
+std::string fixture_root() {
+  if (const char* env = std::getenv("FLUXMPI_FIXTURES"); env && *env) return env;
+  return (fs::path(FLUXMPI_SOURCE_DIR) / ".." / "shared" / "fixtures").lexically_normal().string();
+}
+
+std::string assets_root() {
+  if (const char* env = std::getenv("FLUXMPI_ASSETS"); env && *env) return env;
+  return (fs::path(FLUXMPI_SOURCE_DIR) / ".." / "shared" / "assets").lexically_normal().string();
+}
+
+bool fixtures_present() {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(fixture_root()) / "manifest.json", ec);
+}
+
+bool running_in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string(ci) == "true";
+}
+
+std::string missing_fixtures_message() {
+  return "fixture tree not found: no manifest.json in '" + fixture_root() +
+         "' (set FLUXMPI_FIXTURES to a fixture tree; under CI=true this is a failure)";
+}
+
+const nlohmann::json& manifest() {
+  static const nlohmann::json m = [] {
+    std::ifstream in(fs::path(fixture_root()) / "manifest.json");
+    if (!in) throw std::runtime_error(missing_fixtures_message());
+    return nlohmann::json::parse(in);
+  }();
+  return m;
+}
+
+std::vector<CaseRef> cases_of_kind(const std::string& kind) {
+  std::vector<CaseRef> out;
+  if (!fixtures_present()) {
+    out.push_back(CaseRef{});
+    return out;
+  }
+  const auto& m = manifest();
+  for (auto it = m["pipelines"].begin(); it != m["pipelines"].end(); ++it) {
+    for (const auto& c : it.value()["cases"]) {
+      if (c.value("kind", "") != kind) continue;
+      CaseRef r;
+      r.pipeline = it.key();
+      r.name = c["name"].get<std::string>();
+      r.kind = kind;
+      r.file = (fs::path(fixture_root()) / c["file"].get<std::string>()).string();
+      r.model_dir = (fs::path(fixture_root()) / it.value()["path"].get<std::string>()).string();
+      r.json = c;
+      r.pipeline_json = it.value();
+      out.push_back(std::move(r));
+    }
+  }
+  if (out.empty()) out.push_back(CaseRef{});
+  return out;
+}
+
+std::string case_test_name(const testing::TestParamInfo<CaseRef>& info) {
+  if (info.param.pipeline.empty()) return "no_fixtures";
+  std::string s = info.param.pipeline + "__" + info.param.name;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+std::string case_label(const CaseRef& c) { return c.pipeline + "/" + c.name; }
+
+}  // namespace fluxmpi::test

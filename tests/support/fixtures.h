@@ -1,0 +1,59 @@
+#pragma once
+// The reference fixture tree (../shared/fixtures or $FLUXMPI_FIXTURES) and its manifest.
+// A missing tree skips the tests that need it, saying where it looked, except when CI=true,
+// where it fails them.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace fluxmpi::test {
+
+/// Where the fixture tree is expected: $FLUXMPI_FIXTURES, else <source>/../shared/fixtures.
+std::string fixture_root();
+/// Where the shared assets are expected: $FLUXMPI_ASSETS, else <source>/../shared/assets.
+std::string assets_root();
+bool fixtures_present();
+bool running_in_ci();
+/// The parsed manifest.json (throws when absent; check fixtures_present() first).
+const nlohmann::json& manifest();
+
+/// One case of the manifest.
+struct CaseRef {
+  std::string pipeline;     ///< e.g. "tiny-flux-dev"; empty for the "no fixtures" placeholder
+  std::string name;         ///< e.g. "sq64_s4_g3.5_seed0"
+  std::string kind;
+  std::string file;         ///< absolute path of the case's tensor file
+  std::string model_dir;    ///< absolute path of the pipeline folder
+  nlohmann::json json;      ///< the case entry of the manifest
+  nlohmann::json pipeline_json;
+};
+
+/// All cases of a kind, in manifest order. Without a fixture tree: one placeholder case whose
+/// test then skips or fails through FLUXMPI_REQUIRE_CASE.
+std::vector<CaseRef> cases_of_kind(const std::string& kind);
+/// gtest parameter names: "tiny_flux_dev__sq64_s4_g3_5_seed0".
+std::string case_test_name(const testing::TestParamInfo<CaseRef>& info);
+/// "tiny-flux-dev/sq64_s4_g3.5_seed0"
+std::string case_label(const CaseRef& c);
+
+std::string missing_fixtures_message();
+
+}  // namespace fluxmpi::test
+
+/// First statement of a parity test: skips (or fails under CI=true) without the fixture tree.
+#define FLUXMPI_REQUIRE_FIXTURES()                                                        \
+  do {                                                                                    \
+    if (!::fluxmpi::test::fixtures_present()) {                                           \
+      if (::fluxmpi::test::running_in_ci()) FAIL() << ::fluxmpi::test::missing_fixtures_message(); \
+      GTEST_SKIP() << ::fluxmpi::test::missing_fixtures_message();                        \
+    }                                                                                     \
+  } while (0)
+
+#define FLUXMPI_REQUIRE_CASE(c)                                                            \
+  do {                                                                                    \
+    FLUXMPI_REQUIRE_FIXTURES();                                                           \
+    ASSERT_FALSE((c).pipeline.empty()) << "no case of this kind in the manifest";        \
+  } while (0)

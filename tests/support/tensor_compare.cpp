@@ -1,0 +1,55 @@
+#include "support/tensor_compare.h"
+
+#include <cstdio>
+
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::test {
+
+CaseTensors::CaseTensors(const std::string& path) : store_(io::TensorStore::open_file(path, path)) {}
+
+at::Tensor CaseTensors::get(const std::string& name) const {
+  io::TensorView view = store_.get(name);
+  return nn::borrow(view).clone();
+}
+
+Closeness closeness(const at::Tensor& got, const at::Tensor& ref) {
+  at::Tensor g = got.detach().to(at::kCPU).to(at::kDouble);
+  at::Tensor r = ref.detach().to(at::kCPU).to(at::kDouble);
+  Closeness c;
+  c.max_abs_diff = (g - r).abs().max().item<double>();
+  c.ref_max_abs = r.abs().max().item<double>();
+  c.relative = c.max_abs_diff / std::max(1.0, c.ref_max_abs);
+  return c;
+}
+
+testing::AssertionResult close_to(const std::string& name, const at::Tensor& got, const at::Tensor& ref, double tol) {
+  if (!got.defined()) return testing::AssertionFailure() << name << ": result tensor is undefined";
+  if (got.sizes() != ref.sizes())
+    return testing::AssertionFailure() << name << ": shape " << nn::shape_string(got.sizes()) << " != reference "
+                                       << nn::shape_string(ref.sizes());
+  if (got.numel() == 0) return testing::AssertionSuccess();
+  Closeness c = closeness(got, ref);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "max |diff| %.3e / max(1, max |ref| = %.3g) = %.3e %s tol %.1e", c.max_abs_diff,
+                c.ref_max_abs, c.relative, c.relative <= tol ? "<=" : ">", tol);
+  if (!(c.relative <= tol)) return testing::AssertionFailure() << name << ": " << buf;
+  return testing::AssertionSuccess() << name << ": " << buf;
+}
+
+testing::AssertionResult identical(const std::string& name, const at::Tensor& got, const at::Tensor& ref) {
+  if (got.sizes() != ref.sizes())
+    return testing::AssertionFailure() << name << ": shape " << nn::shape_string(got.sizes()) << " != reference "
+                                       << nn::shape_string(ref.sizes());
+  at::Tensor g = got.detach().to(at::kCPU).contiguous().view(-1);
+  at::Tensor r = ref.detach().to(at::kCPU).to(got.scalar_type()).contiguous().view(-1);
+  at::Tensor ne = g.ne(r);
+  if (g.is_floating_point()) ne = ne & ~(g.isnan() & r.isnan());
+  int64_t count = ne.sum().item<int64_t>();
+  if (count == 0) return testing::AssertionSuccess();
+  int64_t first = ne.nonzero()[0][0].item<int64_t>();
+  return testing::AssertionFailure() << name << ": " << count << " of " << g.numel() << " elements differ; first at "
+                                     << first << ": " << g[first].item<double>() << " vs " << r[first].item<double>();
+}
+
+}  // namespace fluxmpi::test

@@ -1,0 +1,42 @@
+#pragma once
+// Reading reference tensors of a fixture case and comparing with them. Every failed comparison
+// names the tensor, the measured error and the tolerance.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "io/tensor_store.h"
+
+namespace fluxmpi::test {
+
+/// Module parity in fp32: max |diff| <= 1e-5 * max(1, max |ref|) per tensor.
+inline constexpr double kTolFp32 = 1e-5;
+/// Whole-pipeline latents and noise predictions in fp32: 1e-4 * max(1, max |ref|).
+inline constexpr double kTolPipelineFp32 = 1e-4;
+
+/// The tensors of one case file, read in their stored dtype.
+class CaseTensors {
+ public:
+  explicit CaseTensors(const std::string& path);
+  at::Tensor get(const std::string& name) const;
+  bool has(const std::string& name) const { return store_.contains(name); }
+
+ private:
+  io::TensorStore store_;
+};
+
+struct Closeness {
+  double max_abs_diff = 0;
+  double ref_max_abs = 0;
+  double relative = 0;  ///< max_abs_diff / max(1, ref_max_abs)
+};
+Closeness closeness(const at::Tensor& got, const at::Tensor& ref);
+
+/// EXPECT_TRUE(close_to("temb", got, ref, kTolFp32)).
+testing::AssertionResult close_to(const std::string& name, const at::Tensor& got, const at::Tensor& ref, double tol);
+/// Exact equality (ids, bit-identity checks); on failure reports the first differing index.
+testing::AssertionResult identical(const std::string& name, const at::Tensor& got, const at::Tensor& ref);
+
+}  // namespace fluxmpi::test

@@ -1,0 +1,110 @@
+// The generic loader: names, shapes, dtype conversion, tied weights, unclaimed keys.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/safetensors_writer.h"
+#include "models/common/init.h"
+#include "models/common/layers.h"
+#include "models/common/loader.h"
+#include "support/tensor_compare.h"
+
+namespace fluxmpi::nn {
+namespace {
+
+class TwoLayers : public torch::nn::Module {
+ public:
+  TwoLayers(int64_t w) {
+    first = register_module("first", Linear(w, 2 * w));
+    norm = register_module("norm", RMSNorm(2 * w, 1e-6));
+  }
+  Linear first{nullptr};
+  RMSNorm norm{nullptr};
+};
+
+std::string temp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("fluxmpi-loader-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+std::string load_error(const io::SafetensorsWriter& w, const LoadRules& rules = {}) {
+  std::string path = temp_file("bad.safetensors");
+  w.write(path);
+  TwoLayers m(4);
+  try {
+    auto store = io::TensorStore::open_file(path, "test");
+    load_module(m, store, rules, at::kFloat, at::kCPU);
+  } catch (const WeightError& e) {
+    std::filesystem::remove(path);
+    return e.what();
+  }
+  std::filesystem::remove(path);
+  return "";
+}
+
+TEST(Loader, RoundTripsAndConvertsDtype) {
+  TwoLayers src(4);
+  fill_random(src, 7);
+  io::SafetensorsWriter w;
+  add_parameters(w, src, "", io::DType::F32);
+  std::string path = temp_file("ok.safetensors");
+  w.write(path);
+  auto store = io::TensorStore::open_file(path, "test");
+  TwoLayers dst(4);
+  LoadStats stats = load_module(dst, store, {}, at::kBFloat16, at::kCPU);
+  EXPECT_EQ(stats.tensors, 3);
+  EXPECT_EQ(stats.bytes, (8 * 4 + 8 + 8) * 2);
+  EXPECT_EQ(dst.first->weight.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(test::identical("first.weight", dst.first->weight, src.first->weight.to(at::kBFloat16)));
+  std::filesystem::remove(path);
+}
+
+TEST(Loader, ReportsMissingWrongShapeAndUnclaimedKeys) {
+  TwoLayers src(4);
+  fill_random(src, 1);
+  {
+    io::SafetensorsWriter w;  // norm.weight missing
+    for (const auto& p : src.named_parameters())
+      if (p.key() != "norm.weight") {
+        at::Tensor t = p.value().contiguous();
+        w.add(p.key(), io::DType::F32, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr(), t.numel() * 4);
+      }
+    EXPECT_EQ(load_error(w), "test: tensor 'norm.weight' not found (expected shape [8])");
+  }
+  {
+    io::SafetensorsWriter w;
+    add_parameters(w, src, "", io::DType::F32);
+    std::vector<float> extra(3, 0.f);
+    w.add("first.extra", io::DType::F32, {3}, extra.data(), 12);
+    std::string msg = load_error(w);
+    EXPECT_NE(msg.find("unexpected tensor 'first.extra'"), std::string::npos) << msg;
+    LoadRules only_norm;
+    only_norm.owned = [](const std::string& k) { return k.rfind("norm.", 0) == 0; };
+    EXPECT_EQ(load_error(w, only_norm), "") << "keys outside the owned range must be ignored";
+  }
+  {
+    TwoLayers wide(5);
+    fill_random(wide, 2);
+    io::SafetensorsWriter w;
+    add_parameters(w, wide, "", io::DType::F32);
+    std::string msg = load_error(w);
+    EXPECT_NE(msg.find("tensor 'first.weight' in '"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("has shape [10, 5], expected [8, 4]"), std::string::npos) << msg;
+  }
+}
+
+TEST(Loader, TiedWeightsThroughAliases) {
+  TwoLayers src(4);
+  fill_random(src, 3);
+  io::SafetensorsWriter w;
+  add_parameters(w, src, "", io::DType::F32);
+  at::Tensor t = src.norm->weight.contiguous();
+  w.add("shared_copy_of_norm", io::DType::F32, {8}, t.data_ptr(), 32);
+  LoadRules rules;
+  rules.aliases["norm.weight"] = {"shared_copy_of_norm"};
+  EXPECT_EQ(load_error(w, rules), "");
+}
+
+}  // namespace
+}  // namespace fluxmpi::nn
