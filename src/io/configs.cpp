@@ -39,6 +39,22 @@ TransformerConfig parse_transformer_config(const ConfigReader& r) {
   return c;
 }
 
+std::string to_json(const TransformerConfig& c) {
+  nlohmann::ordered_json j = {{"_class_name", "FluxTransformer2DModel"},
+                              {"attention_head_dim", c.attention_head_dim},
+                              {"axes_dims_rope", c.axes_dims_rope},
+                              {"guidance_embeds", c.guidance_embeds},
+                              {"in_channels", c.in_channels},
+                              {"joint_attention_dim", c.joint_attention_dim},
+                              {"num_attention_heads", c.num_attention_heads},
+                              {"num_layers", c.num_layers},
+                              {"num_single_layers", c.num_single_layers},
+                              {"out_channels", nullptr},
+                              {"patch_size", c.patch_size},
+                              {"pooled_projection_dim", c.pooled_projection_dim}};
+  return j.dump(2) + "\n";
+}
+
 SchedulerConfig parse_scheduler_config(const ConfigReader& r) {
   SchedulerConfig c;
   c.num_train_timesteps = r.positive("num_train_timesteps", c.num_train_timesteps);
@@ -62,6 +78,18 @@ SchedulerConfig parse_scheduler_config(const ConfigReader& r) {
     if (r.boolean(key, false)) r.fail(key, "= true is not supported by fluxmpi");
   }
   return c;
+}
+
+std::string to_json(const SchedulerConfig& c) {
+  nlohmann::ordered_json j = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                              {"base_image_seq_len", c.base_image_seq_len},
+                              {"base_shift", c.base_shift},
+                              {"max_image_seq_len", c.max_image_seq_len},
+                              {"max_shift", c.max_shift},
+                              {"num_train_timesteps", c.num_train_timesteps},
+                              {"shift", c.shift},
+                              {"use_dynamic_shifting", c.use_dynamic_shifting}};
+  return j.dump(2) + "\n";
 }
 
 VaeConfig parse_vae_config(const ConfigReader& r) {

@@ -32,6 +32,8 @@ struct TransformerConfig {
   int64_t latent_channels() const { return in_channels / 4; }
 };
 TransformerConfig parse_transformer_config(const ConfigReader& reader);
+/// config.json text as diffusers writes it (make-tiny-model).
+std::string to_json(const TransformerConfig& config);
 
 /// FlowMatchEulerDiscreteScheduler arguments (the options FLUX uses; the others must keep their
 /// defaults, which is checked).
@@ -47,6 +49,7 @@ struct SchedulerConfig {
   std::string time_shift_type = "exponential";  ///< "exponential" | "linear"
 };
 SchedulerConfig parse_scheduler_config(const ConfigReader& reader);
+std::string to_json(const SchedulerConfig& config);
 
 /// AutoencoderKL arguments (decoder side).
 struct VaeConfig {

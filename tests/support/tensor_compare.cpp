@@ -1,6 +1,7 @@
 #include "support/tensor_compare.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "models/common/tensor_utils.h"
 
@@ -34,6 +35,9 @@ testing::AssertionResult close_to(const std::string& name, const at::Tensor& got
   std::snprintf(buf, sizeof buf, "max |diff| %.3e / max(1, max |ref| = %.3g) = %.3e %s tol %.1e", c.max_abs_diff,
                 c.ref_max_abs, c.relative, c.relative <= tol ? "<=" : ">", tol);
   if (!(c.relative <= tol)) return testing::AssertionFailure() << name << ": " << buf;
+  // FLUXMPI_PRINT_ERRORS=1 lists every measured error, for reports.
+  if (const char* env = std::getenv("FLUXMPI_PRINT_ERRORS"); env && std::string(env) == "1")
+    std::printf("  measured %s: %s\n", name.c_str(), buf);
   return testing::AssertionSuccess() << name << ": " << buf;
 }
 

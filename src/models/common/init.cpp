@@ -3,6 +3,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -38,6 +43,52 @@ void add_parameters(io::SafetensorsWriter& writer, const torch::nn::Module& modu
     std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
     writer.add(prefix + item.key(), dtype, shape, t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size()));
   }
+}
+
+void save_component(const std::string& dir, const std::string& config_json, const torch::nn::Module& module,
+                    const std::string& stem, io::DType dtype, int num_shards) {
+  namespace fs = std::filesystem;
+  FLUX_CHECK(num_shards >= 1, "num_shards must be positive");
+  fs::create_directories(dir);
+  {
+    std::ofstream out(fs::path(dir) / "config.json");
+    out << config_json;
+    if (!out) throw IoError(str_cat("cannot write '", (fs::path(dir) / "config.json").string(), "'"));
+  }
+  auto params = module.named_parameters(true);
+  const size_t elem = io::dtype_size(dtype);
+  int64_t total = 0;
+  for (const auto& p : params) total += p.value().numel() * static_cast<int64_t>(elem);
+  if (num_shards == 1) {
+    io::SafetensorsWriter w;
+    add_parameters(w, module, "", dtype);
+    w.write((fs::path(dir) / (stem + ".safetensors")).string());
+    return;
+  }
+  // Split in parameter order into shards of about total / num_shards bytes each.
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  const int64_t target = (total + num_shards - 1) / num_shards;
+  size_t next = 0;
+  for (int k = 1; k <= num_shards; ++k) {
+    char name[256];
+    std::snprintf(name, sizeof name, "%s-%05d-of-%05d.safetensors", stem.c_str(), k, num_shards);
+    io::SafetensorsWriter w;
+    int64_t bytes = 0;
+    while (next < params.size() && (k == num_shards || bytes < target)) {
+      const auto& item = params[next++];
+      at::Tensor t = item.value().detach().to(at::kCPU).to(dtype == io::DType::F32 ? at::kFloat
+                                                     : dtype == io::DType::BF16 ? at::kBFloat16 : at::kHalf).contiguous();
+      std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+      w.add(item.key(), dtype, shape, t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size()));
+      weight_map[item.key()] = name;
+      bytes += t.numel() * t.element_size();
+    }
+    w.write((fs::path(dir) / name).string());
+  }
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  std::ofstream out(fs::path(dir) / (stem + ".safetensors.index.json"));
+  out << index.dump(2);
+  if (!out) throw IoError(str_cat("cannot write the index in '", dir, "'"));
 }
 
 void cast_parameters(torch::nn::Module& module, at::ScalarType dtype) {

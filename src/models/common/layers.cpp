@@ -55,6 +55,23 @@ EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim) {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
 
+std::pair<at::Tensor, at::Tensor> fuse_linears(const std::vector<Linear>& parts) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> ws, bs;
+  for (const auto& l : parts) {
+    ws.push_back(l->weight);
+    bs.push_back(l->bias);
+  }
+  at::Tensor w = at::cat(ws, 0), b = at::cat(bs, 0);
+  int64_t offset = 0;
+  for (const auto& l : parts) {
+    l->weight.set_data(w.narrow(0, offset, l->out_features));
+    l->bias.set_data(b.narrow(0, offset, l->out_features));
+    offset += l->out_features;
+  }
+  return {w, b};
+}
+
 at::Tensor gelu_tanh(const at::Tensor& x) { return at::gelu(x, "tanh"); }
 
 at::Tensor quick_gelu(const at::Tensor& x) { return x * at::sigmoid(1.702 * x); }

@@ -7,6 +7,9 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <utility>
+#include <vector>
+
 namespace fluxmpi::nn {
 
 /// y = x W^T + b. Parameters: weight [out, in], bias [out].
@@ -69,6 +72,11 @@ class EmbeddingImpl : public torch::nn::Module {
   at::Tensor weight;
 };
 TORCH_MODULE(Embedding);
+
+/// Concatenates the weights and biases of linears that read the same input along the output
+/// dimension, and re-points each linear's parameters at its slice of the result (no extra memory
+/// once the originals are released; names unchanged). Returns the fused (weight, bias).
+std::pair<at::Tensor, at::Tensor> fuse_linears(const std::vector<Linear>& parts);
 
 /// GELU with the tanh approximation (diffusers "gelu-approximate", transformers "gelu_new").
 at::Tensor gelu_tanh(const at::Tensor& x);

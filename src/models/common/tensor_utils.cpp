@@ -22,6 +22,16 @@ const char* dtype_label(at::ScalarType dtype) {
   }
 }
 
+bool dtype_supported(at::ScalarType dtype, at::Device device) {
+  try {
+    at::Tensor a = at::ones({2, 2}, at::TensorOptions().dtype(dtype).device(device));
+    at::Tensor b = at::linear(a, a, a.select(0, 0));
+    return b.scalar_type() == dtype;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
 namespace {
 at::ScalarType scalar_type_of(io::DType d, const std::string& key, const std::string& file) {
   switch (d) {

@@ -15,6 +15,10 @@ at::ScalarType parse_dtype(const std::string& text);
 /// fp32 | bf16 | fp16
 const char* dtype_label(at::ScalarType dtype);
 
+/// Whether this libtorch can run matmuls in `dtype` on `device` (libtorch 1.13 has no fp16
+/// matmul on CPU). Probed once per (dtype, device type).
+bool dtype_supported(at::ScalarType dtype, at::Device device);
+
 /// A torch tensor over the mapped bytes of `view` (no copy when the data is aligned for its
 /// dtype; an aligned copy otherwise). Valid while the store keeps the shard mapped.
 at::Tensor borrow(const io::TensorView& view);

@@ -1,0 +1,85 @@
+#include "models/flux/attention.h"
+
+#include "core/error.h"
+#include "models/common/attention.h"
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::flux {
+
+FluxAttentionImpl::FluxAttentionImpl(int64_t dim, int64_t heads_, int64_t head_dim_, bool joint)
+    : heads(heads_), head_dim(head_dim_) {
+  const int64_t inner = heads * head_dim;
+  to_q = register_module("to_q", nn::Linear(dim, inner));
+  to_k = register_module("to_k", nn::Linear(dim, inner));
+  to_v = register_module("to_v", nn::Linear(dim, inner));
+  norm_q = register_module("norm_q", nn::RMSNorm(head_dim, 1e-6));
+  norm_k = register_module("norm_k", nn::RMSNorm(head_dim, 1e-6));
+  if (joint) {
+    add_q_proj = register_module("add_q_proj", nn::Linear(dim, inner));
+    add_k_proj = register_module("add_k_proj", nn::Linear(dim, inner));
+    add_v_proj = register_module("add_v_proj", nn::Linear(dim, inner));
+    norm_added_q = register_module("norm_added_q", nn::RMSNorm(head_dim, 1e-6));
+    norm_added_k = register_module("norm_added_k", nn::RMSNorm(head_dim, 1e-6));
+    out_proj_ = nn::Linear(inner, dim);
+    to_out = register_module("to_out", torch::nn::ModuleList(out_proj_));
+    to_add_out = register_module("to_add_out", nn::Linear(inner, dim));
+  }
+}
+
+
+void FluxAttentionImpl::fuse() {
+  std::tie(fused_weight_, fused_bias_) = nn::fuse_linears({to_q, to_k, to_v});
+  if (add_q_proj) std::tie(fused_add_weight_, fused_add_bias_) = nn::fuse_linears({add_q_proj, add_k_proj, add_v_proj});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const at::Tensor& x, bool text) const {
+  const int64_t B = x.size(0), N = x.size(1), inner = heads * head_dim;
+  at::Tensor q, k, v;
+  const at::Tensor& fw = text ? fused_add_weight_ : fused_weight_;
+  if (fw.defined()) {
+    at::Tensor qkv = at::linear(x, fw, text ? fused_add_bias_ : fused_bias_);
+    q = qkv.narrow(-1, 0, inner);
+    k = qkv.narrow(-1, inner, inner);
+    v = qkv.narrow(-1, 2 * inner, inner);
+  } else {
+    q = (text ? add_q_proj : to_q)->forward(x);
+    k = (text ? add_k_proj : to_k)->forward(x);
+    v = (text ? add_v_proj : to_v)->forward(x);
+  }
+  q = (text ? norm_added_q : norm_q)->forward(q.view({B, N, heads, head_dim}));
+  k = (text ? norm_added_k : norm_k)->forward(k.view({B, N, heads, head_dim}));
+  return {q, k, v.view({B, N, heads, head_dim})};
+}
+
+at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope) {
+  // q, k, v: [B, N, H, Dh]
+  const int64_t B = q.size(0), N = q.size(1), H = q.size(2), Dh = q.size(3);
+  at::Tensor qr = apply_rope(q, rope).transpose(1, 2);
+  at::Tensor kr = apply_rope(k, rope).transpose(1, 2);
+  at::Tensor out = nn::attention(qr, kr, v.transpose(1, 2));  // [B, H, N, Dh]
+  return out.transpose(1, 2).reshape({B, N, H * Dh}).to(q.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Tensor& txt, const at::Tensor& img,
+                                                                   const RopeTables& rope) const {
+  // txt: [B, S, D], img: [B, L, D]
+  FLUX_CHECK(add_q_proj, "forward_joint on a single-stream attention");
+  const int64_t S = txt.size(1), L = img.size(1);
+  auto [iq, ik, iv] = project(img, /*text=*/false);
+  auto [tq, tk, tv] = project(txt, /*text=*/true);
+  at::Tensor out = rope_attention(at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({tv, iv}, 1), rope);
+  at::Tensor txt_out = to_add_out->forward(out.narrow(1, 0, S));
+  at::Tensor img_out = out_proj_->forward(out.narrow(1, S, L));
+  return {txt_out, img_out};
+}
+
+at::Tensor FluxAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const RopeTables& rope) const {
+  // q, k, v: [B, N, D] projections of the joint stream
+  const int64_t B = q.size(0), N = q.size(1);
+  at::Tensor qh = norm_q->forward(q.view({B, N, heads, head_dim}));
+  at::Tensor kh = norm_k->forward(k.view({B, N, heads, head_dim}));
+  return rope_attention(qh, kh, v.view({B, N, heads, head_dim}), rope);
+}
+
+}  // namespace fluxmpi::flux

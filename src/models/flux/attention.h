@@ -1,0 +1,53 @@
+#pragma once
+/// FLUX attention (diffusers Attention with FluxAttnProcessor): q/k/v projections, per-head
+/// RMSNorm of q and k (eps 1e-6), RoPE on the joint sequence (text first, then image),
+/// softmax(q k^T / sqrt(Dh)) v. The double-stream variant adds the text-stream projections
+/// (add_*_proj, norm_added_*) and both output projections (to_out.0, to_add_out); the
+/// single-stream variant has no output projection (the block's proj_out follows).
+///
+/// After loading, fuse() concatenates projections that read the same input into one matrix, so a
+/// forward does one matmul instead of three; the registered parameters stay (as views into the
+/// fused weight) so the module keeps the diffusers names.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "models/common/layers.h"
+#include "models/flux/rope.h"
+
+namespace fluxmpi::flux {
+
+class FluxAttentionImpl : public torch::nn::Module {
+ public:
+  FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool joint);
+
+  /// Double-stream: txt [B, S, D], img [B, L, D] -> (txt_out, img_out), each projected.
+  std::pair<at::Tensor, at::Tensor> forward_joint(const at::Tensor& txt, const at::Tensor& img,
+                                                  const RopeTables& rope) const;
+  /// Single-stream: given q, k, v already projected ([B, S+L, D] each) -> attention output
+  /// [B, S+L, D] before any output projection.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope) const;
+
+  /// Builds the fused q|k|v weights of the image stream (and text stream when joint).
+  void fuse();
+
+  nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  nn::RMSNorm norm_q{nullptr}, norm_k{nullptr};
+  nn::Linear add_q_proj{nullptr}, add_k_proj{nullptr}, add_v_proj{nullptr};
+  nn::RMSNorm norm_added_q{nullptr}, norm_added_k{nullptr};
+  torch::nn::ModuleList to_out{nullptr};  ///< [0] = output projection of the image stream
+  nn::Linear to_add_out{nullptr};
+  int64_t heads, head_dim;
+
+ private:
+  /// [B, N, D] -> q, k, v [B, N, H, Dh], q and k normalised.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x, bool text) const;
+  nn::Linear out_proj_{nullptr};  ///< to_out[0], typed
+  at::Tensor fused_weight_, fused_bias_, fused_add_weight_, fused_add_bias_;
+};
+TORCH_MODULE(FluxAttention);
+
+/// Joint attention core: q, k, v [B, N, H, Dh] (N = S + L, RoPE not yet applied) -> [B, N, H*Dh].
+at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope);
+
+}  // namespace fluxmpi::flux

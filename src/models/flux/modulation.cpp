@@ -1,0 +1,19 @@
+#include "models/flux/modulation.h"
+
+namespace fluxmpi::flux {
+
+at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
+  at::Tensor normed = at::layer_norm(x, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, 1e-6);
+  return normed * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+}
+
+AdaNormImpl::AdaNormImpl(int64_t dim, int64_t chunks_) : num_chunks(chunks_) {
+  linear = register_module("linear", nn::Linear(dim, chunks_ * dim));
+}
+
+std::vector<at::Tensor> AdaNormImpl::chunks(const at::Tensor& temb) const {
+  // temb: [B, D] -> num_chunks x [B, D]
+  return linear->forward(at::silu(temb)).chunk(num_chunks, 1);
+}
+
+}  // namespace fluxmpi::flux

@@ -1,0 +1,29 @@
+#pragma once
+/// Adaptive layer norms of FLUX: temb -> SiLU -> linear gives per-sample shift/scale/gate vectors;
+/// x is LayerNorm'ed (no affine, eps 1e-6) then x * (1 + scale) + shift. Semantics of diffusers
+/// AdaLayerNormZero (6 chunks), AdaLayerNormZeroSingle (3) and AdaLayerNormContinuous (2, in the
+/// order scale, shift).
+
+#include <torch/nn/module.h>
+
+#include <vector>
+
+#include "models/common/layers.h"
+
+namespace fluxmpi::flux {
+
+/// x: [B, L, D], shift/scale: [B, D] -> LayerNorm(x) * (1 + scale) + shift.
+at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
+
+/// Holds `linear` (D -> chunks * D). chunks(temb) returns the `chunks` vectors [B, D] in the
+/// order of the linear's output.
+class AdaNormImpl : public torch::nn::Module {
+ public:
+  AdaNormImpl(int64_t dim, int64_t chunks);
+  std::vector<at::Tensor> chunks(const at::Tensor& temb) const;
+  nn::Linear linear{nullptr};
+  int64_t num_chunks;
+};
+TORCH_MODULE(AdaNorm);
+
+}  // namespace fluxmpi::flux

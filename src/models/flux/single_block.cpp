@@ -1,0 +1,43 @@
+#include "models/flux/single_block.h"
+
+#include "models/common/tensor_utils.h"
+#include "models/flux/double_block.h"
+
+namespace fluxmpi::flux {
+
+SingleBlockImpl::SingleBlockImpl(int64_t dim_, int64_t heads, int64_t head_dim) : dim(dim_), mlp_dim(4 * dim_) {
+  norm = register_module("norm", AdaNorm(dim, 3));
+  proj_mlp = register_module("proj_mlp", nn::Linear(dim, mlp_dim));
+  proj_out = register_module("proj_out", nn::Linear(dim + mlp_dim, dim));
+  attn = register_module("attn", FluxAttention(dim, heads, head_dim, /*joint=*/false));
+}
+
+void SingleBlockImpl::fuse() {
+  std::tie(fused_weight_, fused_bias_) = nn::fuse_linears({attn->to_q, attn->to_k, attn->to_v, proj_mlp});
+}
+
+at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope) const {
+  // x: [B, N, D] with N = S + L, temb: [B, D]
+  nn::check_shape(x, {temb.size(0), rope.cos.size(0), dim}, "single block x [B, S+L, D]");
+  auto m = norm->chunks(temb);  // shift, scale, gate
+  at::Tensor h = modulate(x, m[0], m[1]);
+  const int64_t inner = attn->heads * attn->head_dim;
+  at::Tensor q, k, v, mlp;
+  if (fused_weight_.defined()) {
+    at::Tensor all = at::linear(h, fused_weight_, fused_bias_);
+    q = all.narrow(-1, 0, inner);
+    k = all.narrow(-1, inner, inner);
+    v = all.narrow(-1, 2 * inner, inner);
+    mlp = all.narrow(-1, 3 * inner, mlp_dim);
+  } else {
+    q = attn->to_q->forward(h);
+    k = attn->to_k->forward(h);
+    v = attn->to_v->forward(h);
+    mlp = proj_mlp->forward(h);
+  }
+  at::Tensor attn_out = attn->attend(q, k, v, rope);
+  at::Tensor y = proj_out->forward(at::cat({attn_out, nn::gelu_tanh(mlp)}, 2));
+  return clip_fp16(x + m[2].unsqueeze(1) * y);
+}
+
+}  // namespace fluxmpi::flux

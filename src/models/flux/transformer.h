@@ -1,0 +1,102 @@
+#pragma once
+/// FluxTransformer2DModel (diffusers) built for a contiguous range of its blocks, with or without
+/// the input embedders and the final layer: the whole model in one process, or the slice one MPI
+/// rank owns. Blocks are numbered 0..B-1 in execution order (num_layers double-stream blocks, then
+/// num_single_layers single-stream blocks) and keep their global diffusers names
+/// (transformer_blocks.10.*, single_transformer_blocks.3.*) whatever slice is built.
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/configs.h"
+#include "io/model_dir.h"
+#include "models/common/loader.h"
+#include "models/flux/double_block.h"
+#include "models/flux/embeddings.h"
+#include "models/flux/rope.h"
+#include "models/flux/single_block.h"
+
+namespace fluxmpi::flux {
+
+/// The part of the transformer a process holds.
+struct TransformerPart {
+  int64_t first_block = 0;  ///< global index of the first block held
+  int64_t end_block = 0;    ///< one past the last block held
+  bool embedders = true;    ///< x_embedder, context_embedder, time_text_embed (rank 0)
+  bool final_layer = true;  ///< norm_out, proj_out (last rank)
+
+  static TransformerPart whole(const io::TransformerConfig& config);
+  int64_t num_blocks() const { return end_block - first_block; }
+};
+
+/// Inputs of a transformer call, as FluxPipeline passes them.
+struct TransformerInputs {
+  at::Tensor latents;   ///< [B, L, in_channels] packed latents
+  at::Tensor text;      ///< [B, S, joint_attention_dim] T5 states
+  at::Tensor pooled;    ///< [B, pooled_projection_dim] CLIP pooled output
+  at::Tensor timestep;  ///< [B] sigma (= t / 1000), in the run dtype
+  at::Tensor guidance;  ///< [B] guidance scale (dev only; undefined for schnell)
+};
+
+/// Activations travelling through the blocks: the text and image streams inside the double
+/// blocks, the joint stream [text; image] once the single blocks start, and temb throughout.
+struct StreamState {
+  at::Tensor txt;    ///< [B, S, D] (double-block phase)
+  at::Tensor img;    ///< [B, L, D] (double-block phase)
+  at::Tensor joint;  ///< [B, S+L, D] (single-block phase)
+  at::Tensor temb;   ///< [B, D]
+  int64_t text_len = 0;
+
+  bool is_joint() const { return joint.defined(); }
+};
+
+/// Called after every block with its name ("double_block_3", "single_block_0") — for tests.
+using BlockObserver = std::function<void(const std::string& name, const StreamState& state)>;
+
+class FluxTransformerImpl : public torch::nn::Module {
+ public:
+  FluxTransformerImpl(const io::TransformerConfig& config, const TransformerPart& part);
+
+  /// Embedders: latents, text, timestep (x1000), guidance (x1000), pooled -> streams and temb.
+  StreamState embed(const TransformerInputs& in) const;
+  /// The RoPE tables of the joint sequence cat(txt_ids, img_ids) ([S, 3], [L, 3]).
+  RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
+  /// Runs the blocks this part holds, in order, switching to the joint stream at the first
+  /// single block.
+  void run_blocks(StreamState& state, const RopeTables& rope, const BlockObserver& observe = {}) const;
+  /// norm_out + proj_out on the image tokens -> [B, L, out_channels].
+  at::Tensor final_layer(const StreamState& state, at::Tensor* normed = nullptr) const;
+  /// The whole model (a part holding everything): the noise prediction [B, L, out_channels].
+  at::Tensor forward(const TransformerInputs& in, const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
+
+  /// Fuses the projections that read the same input (after loading).
+  void fuse_projections();
+  /// Whether a weight key belongs to this part (the loader reports unclaimed owned keys).
+  bool owns_key(const std::string& key) const;
+
+  const io::TransformerConfig& config() const { return config_; }
+  const TransformerPart& part() const { return part_; }
+
+  nn::Linear x_embedder{nullptr}, context_embedder{nullptr};
+  TimeTextEmbed time_text_embed{nullptr};
+  std::vector<DoubleBlock> double_blocks;  ///< registered as transformer_blocks.<global index>
+  std::vector<SingleBlock> single_blocks;  ///< registered as single_transformer_blocks.<index>
+  AdaNorm norm_out{nullptr};
+  nn::Linear proj_out{nullptr};
+
+ private:
+  io::TransformerConfig config_;
+  TransformerPart part_;
+  int64_t first_double_ = 0, first_single_ = 0;  ///< diffusers indices of the first block held
+};
+TORCH_MODULE(FluxTransformer);
+
+/// Builds the part and loads its weights from `dir`/transformer (reading only the shards that
+/// hold them), then fuses projections.
+FluxTransformer load_flux_transformer(const io::ModelDir& dir, const TransformerPart& part, at::ScalarType dtype,
+                                      at::Device device, nn::LoadStats* stats = nullptr);
+
+}  // namespace fluxmpi::flux
