@@ -1,0 +1,129 @@
+// Semantics of transformers CLIPTextModel (pre-LN transformer, causal self-attention, pooled
+// output at the first EOS), written against nn::attention and the common layers.
+
+#include "models/clip_text.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include "core/error.h"
+#include "models/common/attention.h"
+#include "models/common/loader.h"
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::text_models {
+
+ClipTextEmbeddingsImpl::ClipTextEmbeddingsImpl(const io::ClipTextConfig& c) {
+  token_embedding = register_module("token_embedding", nn::Embedding(c.vocab_size, c.hidden_size));
+  position_embedding = register_module("position_embedding", nn::Embedding(c.max_position_embeddings, c.hidden_size));
+}
+
+at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& ids) const {
+  // ids: [B, L]; positions are 0..L-1, so the position table is read as a slice.
+  const int64_t L = ids.size(1);
+  return token_embedding->forward(ids) + position_embedding->weight.narrow(0, 0, L);
+}
+
+ClipAttentionImpl::ClipAttentionImpl(const io::ClipTextConfig& c) : heads(c.num_attention_heads) {
+  const int64_t D = c.hidden_size;
+  k_proj = register_module("k_proj", nn::Linear(D, D));
+  v_proj = register_module("v_proj", nn::Linear(D, D));
+  q_proj = register_module("q_proj", nn::Linear(D, D));
+  out_proj = register_module("out_proj", nn::Linear(D, D));
+}
+
+at::Tensor ClipAttentionImpl::forward(const at::Tensor& x) const {
+  // x: [B, L, D] -> q, k, v: [B, H, L, Dh]
+  const int64_t B = x.size(0), L = x.size(1), D = x.size(2), Dh = D / heads;
+  auto split = [&](const at::Tensor& t) { return t.view({B, L, heads, Dh}).transpose(1, 2); };
+  at::Tensor o = nn::attention(split(q_proj->forward(x)), split(k_proj->forward(x)), split(v_proj->forward(x)), {},
+                               std::nullopt, /*causal=*/true);
+  return out_proj->forward(o.transpose(1, 2).reshape({B, L, D}));
+}
+
+ClipMlpImpl::ClipMlpImpl(const io::ClipTextConfig& c)
+    : act(parse_activation(c.hidden_act, "text_encoder/config.json 'hidden_act'")) {
+  fc1 = register_module("fc1", nn::Linear(c.hidden_size, c.intermediate_size));
+  fc2 = register_module("fc2", nn::Linear(c.intermediate_size, c.hidden_size));
+}
+
+at::Tensor ClipMlpImpl::forward(const at::Tensor& x) const { return fc2->forward(activate(act, fc1->forward(x))); }
+
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const io::ClipTextConfig& c) {
+  self_attn = register_module("self_attn", ClipAttention(c));
+  layer_norm1 = register_module("layer_norm1", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+  mlp = register_module("mlp", ClipMlp(c));
+  layer_norm2 = register_module("layer_norm2", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+}
+
+at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x) const {
+  // x: [B, L, D]
+  at::Tensor h = x + self_attn->forward(layer_norm1->forward(x));
+  return h + mlp->forward(layer_norm2->forward(h));
+}
+
+ClipEncoderImpl::ClipEncoderImpl(const io::ClipTextConfig& c) {
+  layer_list_ = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(ClipEncoderLayer(c));
+    layer_list_->push_back(layers.back());
+  }
+}
+
+ClipTextTransformerImpl::ClipTextTransformerImpl(const io::ClipTextConfig& c) {
+  embeddings = register_module("embeddings", ClipTextEmbeddings(c));
+  encoder = register_module("encoder", ClipEncoder(c));
+  final_layer_norm = register_module("final_layer_norm", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+}
+
+ClipTextModelImpl::ClipTextModelImpl(const io::ClipTextConfig& c) : config_(c) {
+  text_model = register_module("text_model", ClipTextTransformer(c));
+}
+
+at::Tensor clip_pool_positions(const at::Tensor& ids, int64_t eos_token_id) {
+  // ids: [B, L] -> [B]
+  at::Tensor as_int = ids.to(at::kInt);
+  if (eos_token_id == 2) return as_int.argmax(-1);
+  return as_int.eq(eos_token_id).to(at::kInt).argmax(-1);
+}
+
+ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, bool trace) const {
+  // input_ids: [B, L] -> last_hidden_state [B, L, D], pooler_output [B, D]
+  c10::InferenceMode inference;
+  nn::check_shape(input_ids, {-1, -1}, "CLIP text model input ids [B, L]");
+  FLUX_CHECK(input_ids.size(1) >= 1 && input_ids.size(1) <= config_.max_position_embeddings,
+             "CLIP input of ", input_ids.size(1), " tokens; the model has ", config_.max_position_embeddings,
+             " positions");
+  const ClipTextTransformerImpl& tm = *text_model;
+  at::Tensor ids = input_ids.to(tm.embeddings->token_embedding->weight.device(), at::kLong);
+  check_token_ids(ids, config_.vocab_size, "CLIP text model (text_encoder/config.json)");
+
+  ClipTextOutput out;
+  at::Tensor x = tm.embeddings->forward(ids);
+  if (trace) out.embeddings = x;
+  for (const auto& layer : tm.encoder->layers) {
+    x = layer->forward(x);
+    if (trace) out.layer_outputs.push_back(x);
+  }
+  out.last_hidden_state = tm.final_layer_norm->forward(x);
+  const int64_t B = ids.size(0), D = x.size(2);
+  at::Tensor pos = clip_pool_positions(ids, config_.eos_token_id).to(at::kLong).view({B, 1, 1}).expand({B, 1, D});
+  out.pooler_output = out.last_hidden_state.gather(1, pos).squeeze(1);
+  return out;
+}
+
+ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::TensorStore& store,
+                                   at::ScalarType dtype, at::Device device) {
+  ClipTextModel model(config);
+  nn::LoadRules rules;
+  // A buffer of older transformers checkpoints, and the projection of CLIPTextModelWithProjection:
+  // CLIPTextModel never uses either.
+  rules.skip_prefixes = {"text_model.embeddings.position_ids", "text_projection."};
+  nn::load_module(*model, store, rules, dtype, device);
+  return model;
+}
+
+ClipTextModel load_clip_text_model(const io::ModelDir& dir, at::ScalarType dtype, at::Device device) {
+  return load_clip_text_model(dir.clip_config(), dir.open_weights("text_encoder"), dtype, device);
+}
+
+}  // namespace fluxmpi::text_models
