@@ -1,0 +1,64 @@
+// Semantics of diffusers AutoencoderKL._decode (no tiling, no slicing): post_quant_conv when the
+// config enables it, then the Decoder.
+#include "models/vae/vae_decoder.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "models/common/loader.h"
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::vae {
+
+VaeDecoderImpl::VaeDecoderImpl(const io::VaeConfig& config) : config_(config) {
+  if (config.use_post_quant_conv)
+    post_quant_conv_ = register_module("post_quant_conv", nn::Conv2d(config.latent_channels, config.latent_channels, 1));
+  decoder_ = register_module("decoder", Decoder(config));
+}
+
+at::ScalarType VaeDecoderImpl::dtype() const { return parameters().front().scalar_type(); }
+
+at::Device VaeDecoderImpl::device() const { return parameters().front().device(); }
+
+at::Tensor VaeDecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) const {
+  // z: [B, latent_channels, h, w]
+  c10::InferenceMode guard;
+  nn::check_shape(z, {-1, config_.latent_channels, -1, -1}, "VAE decode input [B, latent_channels, h, w]");
+  at::Tensor h = z.to(device(), dtype());
+  if (post_quant_conv_) h = post_quant_conv_->forward(h);
+  return decoder_->forward(h, trace);
+}
+
+namespace {
+
+// The two config switches that decide which tensors exist: a disagreement is reported against the
+// config key rather than as an anonymous missing or unexpected tensor.
+void check_vae_switches(const io::ModelDir& model, const io::VaeConfig& config, const io::TensorStore& store) {
+  const std::string cfg = model.label("vae/config.json");
+  auto check = [&](bool enabled, const char* key, const std::string& tensor) {
+    const bool present = store.contains(tensor);
+    if (enabled == present) return;
+    throw ConfigError(str_cat(cfg, ": '", key, "' is ", enabled ? "true" : "false", " but the weights in '",
+                              store.dir(), "' ", present ? "have" : "have no", " '", tensor, "'"));
+  };
+  check(config.use_post_quant_conv, "use_post_quant_conv", "post_quant_conv.weight");
+  check(config.mid_block_add_attention, "mid_block_add_attention", "decoder.mid_block.attentions.0.to_q.weight");
+}
+
+}  // namespace
+
+VaeDecoder load_vae_decoder(const io::ModelDir& model, at::ScalarType dtype, at::Device device) {
+  const io::VaeConfig& config = model.vae_config();
+  io::TensorStore store = model.open_weights("vae");
+  check_vae_switches(model, config, store);
+  VaeDecoder vae(config);
+  nn::LoadRules rules;
+  // The encoder half of AutoencoderKL never runs in text-to-image inference.
+  rules.skip_prefixes = {"encoder.", "quant_conv."};
+  nn::LoadStats stats = nn::load_module(*vae, store, rules, dtype, device);
+  log::debug("VAE decoder: ", stats.tensors, " tensors, ", stats.bytes, " bytes in ", nn::dtype_label(dtype));
+  return vae;
+}
+
+}  // namespace fluxmpi::vae
