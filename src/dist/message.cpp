@@ -1,0 +1,300 @@
+#include "dist/message.h"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/mpi_internal.h"
+#include "models/common/tensor_utils.h"
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+namespace fluxmpi::dist {
+namespace {
+
+constexpr int64_t kMagic = 0x464c55584d5049;  // "FLUXMPI"
+constexpr int64_t kVersion = 1;
+constexpr int kHeaderTag = 7101;
+constexpr int kPayloadTag = 7102;
+// MPI counts are int: payloads go in pieces of at most this many bytes.
+constexpr int64_t kPieceBytes = int64_t{1} << 30;
+
+int64_t dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 1;
+    case at::kBFloat16: return 2;
+    case at::kHalf: return 3;
+    default: return 0;
+  }
+}
+
+std::optional<at::ScalarType> dtype_of_code(int64_t code) {
+  switch (code) {
+    case 1: return at::kFloat;
+    case 2: return at::kBFloat16;
+    case 3: return at::kHalf;
+    default: return std::nullopt;
+  }
+}
+
+bool known_kind(int64_t kind) { return kind >= 1 && kind <= 3; }
+
+bool mpi_is_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+// Kernels run asynchronously on the device's current stream: MPI may touch device memory only
+// after they are done.
+void synchronize_device(const at::Device& device) {
+  c10::impl::VirtualGuardImpl guard(device.type());
+  guard.getStream(device).synchronize();
+}
+
+// Pieces of [data, data + bytes) of at most kPieceBytes each.
+template <typename F>
+void for_each_piece(uint8_t* data, int64_t bytes, F f) {
+  for (int64_t offset = 0; offset < bytes; offset += kPieceBytes)
+    f(data + offset, static_cast<int>(std::min(kPieceBytes, bytes - offset)));
+}
+
+}  // namespace
+
+const char* message_kind_name(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::DoubleStreams: return "DoubleStreams";
+    case MessageKind::JointStream: return "JointStream";
+    case MessageKind::NoisePred: return "NoisePred";
+  }
+  return "UnknownKind";
+}
+
+int64_t TensorSpec::nbytes() const {
+  int64_t n = static_cast<int64_t>(at::elementSize(dtype));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+MessageHeader MessageHeader::of(const MessageTag& tag, const std::vector<at::Tensor>& tensors) {
+  MessageHeader h;
+  h.tag = tag;
+  for (const at::Tensor& t : tensors) h.tensors.push_back(TensorSpec{t.scalar_type(), t.sizes().vec()});
+  return h;
+}
+
+std::string MessageHeader::describe() const {
+  std::string s = str_cat(message_kind_name(tag.kind), "(image ", tag.image, ", step ", tag.step, ", pass ", tag.pass);
+  for (const TensorSpec& t : tensors) s += str_cat(", ", nn::dtype_label(t.dtype), " ", nn::shape_string(t.shape));
+  return s + ")";
+}
+
+bool MessageHeader::operator==(const MessageHeader& o) const {
+  if (tag.kind != o.tag.kind || tag.image != o.tag.image || tag.step != o.tag.step || tag.pass != o.tag.pass) return false;
+  if (tensors.size() != o.tensors.size()) return false;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].dtype != o.tensors[i].dtype || tensors[i].shape != o.tensors[i].shape) return false;
+  return true;
+}
+
+HeaderWords encode_header(const MessageHeader& h) {
+  FLUX_CHECK(!h.tensors.empty() && h.tensors.size() <= static_cast<size_t>(kMaxMessageTensors), "a message carries 1 to ",
+             kMaxMessageTensors, " tensors, got ", h.tensors.size());
+  HeaderWords w{};
+  w[0] = kMagic;
+  w[1] = kVersion;
+  w[2] = static_cast<int64_t>(h.tag.kind);
+  w[3] = h.tag.image;
+  w[4] = h.tag.step;
+  w[5] = h.tag.pass;
+  w[6] = static_cast<int64_t>(h.tensors.size());
+  for (size_t i = 0; i < h.tensors.size(); ++i) {
+    const TensorSpec& t = h.tensors[i];
+    FLUX_CHECK(dtype_code(t.dtype) != 0, "message tensor ", i, " has dtype ", t.dtype, "; messages carry fp32, bf16 or fp16");
+    FLUX_CHECK(t.shape.size() <= static_cast<size_t>(kMaxTensorDims), "message tensor ", i, " has ", t.shape.size(),
+               " dimensions (at most ", kMaxTensorDims, ")");
+    int64_t* slot = &w[7 + i * (2 + kMaxTensorDims)];
+    slot[0] = dtype_code(t.dtype);
+    slot[1] = static_cast<int64_t>(t.shape.size());
+    std::copy(t.shape.begin(), t.shape.end(), slot + 2);
+  }
+  return w;
+}
+
+MessageHeader decode_header(const HeaderWords& w, int sender, int receiver) {
+  auto malformed = [&](const std::string& why) {
+    return CommError(str_cat("rank ", receiver, " received a malformed message header from rank ", sender, ": ", why));
+  };
+  if (w[0] != kMagic) throw malformed(str_cat("bad magic number 0x", std::hex, w[0]));
+  if (w[1] != kVersion) throw malformed(str_cat("protocol version ", w[1], ", this build speaks ", kVersion));
+  if (!known_kind(w[2])) throw malformed(str_cat("unknown message kind ", w[2]));
+  if (w[5] < 0 || w[5] > 1) throw malformed(str_cat("pass ", w[5], " (must be 0 or 1)"));
+  if (w[6] < 1 || w[6] > kMaxMessageTensors) throw malformed(str_cat(w[6], " tensors (1 to ", kMaxMessageTensors, ")"));
+  MessageHeader h;
+  h.tag = MessageTag{static_cast<MessageKind>(w[2]), w[3], w[4], static_cast<int32_t>(w[5])};
+  for (int64_t i = 0; i < w[6]; ++i) {
+    const int64_t* slot = &w[7 + i * (2 + kMaxTensorDims)];
+    auto dtype = dtype_of_code(slot[0]);
+    if (!dtype) throw malformed(str_cat("tensor ", i, " has unknown dtype code ", slot[0]));
+    if (slot[1] < 0 || slot[1] > kMaxTensorDims) throw malformed(str_cat("tensor ", i, " has ", slot[1], " dimensions"));
+    TensorSpec t{*dtype, std::vector<int64_t>(slot + 2, slot + 2 + slot[1])};
+    for (int64_t d : t.shape)
+      if (d < 0) throw malformed(str_cat("tensor ", i, " has negative size ", d));
+    h.tensors.push_back(std::move(t));
+  }
+  return h;
+}
+
+void check_header(const MessageHeader& expected, const MessageHeader& actual, int sender, int receiver) {
+  if (expected == actual) return;
+  throw CommError(str_cat("rank ", receiver, " expected ", expected.describe(), " from rank ", sender, ", got ",
+                          actual.describe()));
+}
+
+// One posted send: its requests and everything they read from.
+struct Messenger::Pending {
+  uint64_t id = 0;
+  int dest = 0;
+  HeaderWords header{};
+  std::vector<at::Tensor> buffers;  // the tensors, or their pinned host copies
+  std::vector<MPI_Request> requests;
+
+  bool test() {
+    int done = 0;
+    check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+              str_cat("MPI_Testall (send to rank ", dest, ")"));
+    return done != 0;
+  }
+  void wait() {
+    check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+              str_cat("MPI_Waitall (send to rank ", dest, ")"));
+  }
+};
+
+Messenger::Messenger(const MpiEnv& env, size_t max_outstanding)
+    : env_(env), max_outstanding_(max_outstanding), cuda_aware_(mpi_is_cuda_aware()),
+      uncaught_at_start_(std::uncaught_exceptions()) {}
+
+Messenger::~Messenger() {
+  if (std::uncaught_exceptions() > uncaught_at_start_) {
+    // MPI may still read these buffers until the job aborts: never free them under a request.
+    new std::vector<std::unique_ptr<Pending>>(std::move(pending_));
+    return;
+  }
+  try {
+    wait_all();
+  } catch (const Error& e) {
+    log::report(e);
+  }
+}
+
+SendHandle Messenger::send(int dest, const MessageTag& tag, std::vector<at::Tensor> tensors) {
+  FLUX_CHECK(dest >= 0 && dest < env_.size(), "send to rank ", dest, " of ", env_.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    FLUX_CHECK(tensors[i].is_contiguous(), "message tensor ", i, " of ", message_kind_name(tag.kind), " is not contiguous");
+  if (max_outstanding_ > 0) wait_until_at_most(max_outstanding_ - 1);
+
+  auto p = std::make_unique<Pending>();
+  p->id = next_id_++;
+  p->dest = dest;
+  p->header = encode_header(MessageHeader::of(tag, tensors));
+  for (at::Tensor& t : tensors) {
+    if (t.is_cuda() && !cuda_aware_) {
+      at::Tensor host = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+      host.copy_(t);  // synchronous: the host copy is complete when this returns
+      p->buffers.push_back(std::move(host));
+    } else {
+      if (t.is_cuda()) synchronize_device(t.device());
+      p->buffers.push_back(std::move(t));
+    }
+  }
+  MPI_Comm comm = env_.comms().world;
+  p->requests.emplace_back();
+  check_mpi(MPI_Isend(p->header.data(), kHeaderWords, MPI_INT64_T, dest, kHeaderTag, comm, &p->requests.back()),
+            str_cat("MPI_Isend (header to rank ", dest, ")"));
+  for (at::Tensor& b : p->buffers) {
+    for_each_piece(static_cast<uint8_t*>(b.data_ptr()), static_cast<int64_t>(b.nbytes()), [&](uint8_t* data, int count) {
+      p->requests.emplace_back();
+      check_mpi(MPI_Isend(data, count, MPI_BYTE, dest, kPayloadTag, comm, &p->requests.back()),
+                str_cat("MPI_Isend (payload to rank ", dest, ")"));
+    });
+  }
+  pending_.push_back(std::move(p));
+  return SendHandle{pending_.back()->id};
+}
+
+bool Messenger::test(SendHandle handle) {
+  FLUX_CHECK(handle.id > 0 && handle.id < next_id_, "unknown send handle ", handle.id);
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p->id == handle.id; });
+  if (it == pending_.end()) return true;
+  if (!(*it)->test()) return false;
+  pending_.erase(it);
+  return true;
+}
+
+void Messenger::wait(SendHandle handle) {
+  FLUX_CHECK(handle.id > 0 && handle.id < next_id_, "unknown send handle ", handle.id);
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p->id == handle.id; });
+  if (it == pending_.end()) return;
+  (*it)->wait();
+  pending_.erase(it);
+}
+
+void Messenger::wait_all() { wait_until_at_most(0); }
+
+void Messenger::wait_until_at_most(size_t n) {
+  while (pending_.size() > n) {
+    pending_.front()->wait();
+    pending_.erase(pending_.begin());
+  }
+}
+
+size_t Messenger::outstanding() {
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->test(); }), pending_.end());
+  return pending_.size();
+}
+
+std::vector<at::Tensor> Messenger::recv(int source, const MessageHeader& expected, at::Device device) {
+  std::vector<at::Tensor> buffers;
+  for (const TensorSpec& t : expected.tensors)
+    buffers.push_back(at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(device)));
+  recv_into(source, expected.tag, buffers);
+  return buffers;
+}
+
+void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Tensor>& buffers) {
+  FLUX_CHECK(source >= 0 && source < env_.size(), "receive from rank ", source, " of ", env_.size());
+  for (size_t i = 0; i < buffers.size(); ++i)
+    FLUX_CHECK(buffers[i].is_contiguous(), "receive buffer ", i, " of ", message_kind_name(tag.kind), " is not contiguous");
+  const MessageHeader expected = MessageHeader::of(tag, buffers);
+  MPI_Comm comm = env_.comms().world;
+
+  HeaderWords words{};
+  MPI_Status status;
+  check_mpi(MPI_Recv(words.data(), kHeaderWords, MPI_INT64_T, source, kHeaderTag, comm, &status),
+            str_cat("MPI_Recv (header from rank ", source, ")"));
+  check_header(expected, decode_header(words, source, env_.rank()), source, env_.rank());
+
+  for (at::Tensor& b : buffers) {
+    at::Tensor target = b;
+    if (b.is_cuda()) {
+      if (cuda_aware_) synchronize_device(b.device());  // earlier kernels may still use this memory
+      else target = at::empty(b.sizes(), at::TensorOptions().dtype(b.scalar_type()).pinned_memory(true));
+    }
+    for_each_piece(static_cast<uint8_t*>(target.data_ptr()), static_cast<int64_t>(target.nbytes()),
+                   [&](uint8_t* data, int count) {
+                     check_mpi(MPI_Recv(data, count, MPI_BYTE, source, kPayloadTag, comm, MPI_STATUS_IGNORE),
+                               str_cat("MPI_Recv (payload from rank ", source, ")"));
+                   });
+    if (!target.is_same(b)) b.copy_(target);
+  }
+}
+
+}  // namespace fluxmpi::dist

@@ -1,0 +1,133 @@
+#pragma once
+/// Typed tensor messages between ranks (DESIGN.md §3). Every message is a fixed-size header
+/// (kind, image, step, pass, and dtype + shape of each tensor) followed by the tensors' bytes.
+/// The receiver states what it expects; a header that differs is a CommError naming sender,
+/// receiver, expected and actual. Sends are non-blocking (MPI_Isend, buffers kept alive until
+/// completion, with wait/test to bound what is in flight); receives block (MPI_Recv).
+///
+/// CUDA tensors travel directly when the MPI is CUDA-aware, else through pinned host copies
+/// (Debian's Open MPI is not CUDA-aware).
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/mpi_env.h"
+
+namespace fluxmpi::dist {
+
+/// What travels, in the order of one denoising step.
+enum class MessageKind : int32_t {
+  /// Into a slice that starts with a double block: txt [m, L_txt, D], img [m, L_img, D], temb [m, D].
+  DoubleStreams = 1,
+  /// Into a slice of single blocks: the joint stream [m, L_txt + L_img, D] and temb [m, D].
+  JointStream = 2,
+  /// The last rank's output back to rank 0: the noise prediction [m, L_img, 4C].
+  NoisePred = 3,
+};
+/// "DoubleStreams" | "JointStream" | "NoisePred"
+const char* message_kind_name(MessageKind kind);
+
+/// Which image, step and pass a message belongs to.
+struct MessageTag {
+  MessageKind kind = MessageKind::DoubleStreams;
+  int64_t image = 0;  ///< job-wide image index (of the first image of the microbatch)
+  int64_t step = 0;
+  int32_t pass = 0;   ///< 0 = conditional, 1 = negative prompt (true CFG)
+};
+
+struct TensorSpec {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t nbytes() const;
+};
+
+struct MessageHeader {
+  MessageTag tag;
+  std::vector<TensorSpec> tensors;
+
+  /// The header that describes sending `tensors` under `tag`.
+  static MessageHeader of(const MessageTag& tag, const std::vector<at::Tensor>& tensors);
+  /// "JointStream(image 3, step 5, pass 0, bf16 [1, 4608, 3072], bf16 [1, 3072])"
+  std::string describe() const;
+  bool operator==(const MessageHeader& other) const;
+  bool operator!=(const MessageHeader& other) const { return !(*this == other); }
+};
+
+/// Limits of the fixed header.
+inline constexpr int kMaxMessageTensors = 8;
+inline constexpr int kMaxTensorDims = 6;
+/// Header layout, in int64 words: magic, version, kind, image, step, pass, count, then per
+/// tensor dtype, rank (number of dims) and kMaxTensorDims sizes.
+inline constexpr int kHeaderWords = 7 + kMaxMessageTensors * (2 + kMaxTensorDims);
+using HeaderWords = std::array<int64_t, kHeaderWords>;
+
+/// The wire form of a header. InternalError for a header fluxmpi must never send (more tensors
+/// or dimensions than the limits, a dtype other than fp32/bf16/fp16).
+HeaderWords encode_header(const MessageHeader& header);
+/// Reads a received header. CommError "rank <receiver> received a malformed message header from
+/// rank <sender>: ..." for anything encode_header cannot produce.
+MessageHeader decode_header(const HeaderWords& words, int sender, int receiver);
+/// CommError unless `actual` equals `expected`:
+/// "rank 1 expected JointStream(...) from rank 0, got NoisePred(...)".
+void check_header(const MessageHeader& expected, const MessageHeader& actual, int sender, int receiver);
+
+/// Identifies one posted send.
+struct SendHandle {
+  uint64_t id = 0;
+};
+
+/// Point-to-point messages of one rank. Calls come from the thread that created the MpiEnv.
+class Messenger {
+ public:
+  /// `max_outstanding` > 0: send() first waits for the oldest sends until fewer than that many
+  /// are in flight (bounds the memory held by buffers). 0: no bound.
+  explicit Messenger(const MpiEnv& env, size_t max_outstanding = 0);
+  /// Waits for the outstanding sends. While an exception unwinds, abandons them instead (the job
+  /// is about to abort; their buffers are deliberately not freed under a pending MPI request).
+  ~Messenger();
+  Messenger(const Messenger&) = delete;
+  Messenger& operator=(const Messenger&) = delete;
+
+  /// Posts the header and the tensors' bytes to rank `dest` and returns without waiting for the
+  /// receiver. Tensors: contiguous, fp32/bf16/fp16, on the CPU or a CUDA device; they (or their
+  /// pinned host copies, made before this returns) stay referenced until the send completes, so
+  /// the caller may drop its own references — but must not write into them before test() or
+  /// wait() says the send is complete (MPI reads them in the meantime).
+  SendHandle send(int dest, const MessageTag& tag, std::vector<at::Tensor> tensors);
+  /// True when that send has completed (never blocks).
+  bool test(SendHandle handle);
+  /// Blocks until that send has completed.
+  void wait(SendHandle handle);
+  /// Blocks until every send has completed.
+  void wait_all();
+  /// Blocks until at most `n` sends are in flight, completing the oldest first.
+  void wait_until_at_most(size_t n);
+  /// Sends in flight (completed ones are reaped first).
+  size_t outstanding();
+
+  /// Receives the next message from `source` (blocking): its header must equal `expected`; the
+  /// tensors are allocated contiguous on `device`.
+  std::vector<at::Tensor> recv(int source, const MessageHeader& expected, at::Device device);
+  /// Receives into caller-owned contiguous buffers, reused across steps; their dtypes and shapes
+  /// together with `tag` are the expected header.
+  void recv_into(int source, const MessageTag& tag, std::vector<at::Tensor>& buffers);
+
+  /// Whether CUDA tensors go to MPI directly (MPIX_Query_cuda_support).
+  bool cuda_aware() const { return cuda_aware_; }
+
+ private:
+  struct Pending;
+  const MpiEnv& env_;
+  size_t max_outstanding_;
+  bool cuda_aware_ = false;
+  uint64_t next_id_ = 1;
+  int uncaught_at_start_ = 0;
+  std::vector<std::unique_ptr<Pending>> pending_;  ///< in posting order
+};
+
+}  // namespace fluxmpi::dist

@@ -1,0 +1,32 @@
+#pragma once
+// MPI handles and error checking shared by the .cpp files of src/dist (the only place that
+// includes <mpi.h>). Not part of the public interface.
+
+// The C API only: without these, Open MPI's and MPICH's mpi.h pull in the removed C++ bindings,
+// which need a library fluxmpi does not link.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <string>
+
+#include "dist/mpi_env.h"
+
+namespace fluxmpi::dist {
+
+struct MpiEnv::Comms {
+  /// A duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN: fluxmpi's traffic cannot match
+  /// messages of other libraries, and MPI errors become CommError exceptions.
+  MPI_Comm world = MPI_COMM_NULL;
+  /// The ranks of this node (MPI_COMM_TYPE_SHARED).
+  MPI_Comm node = MPI_COMM_NULL;
+};
+
+/// Throws CommError "<what> failed on rank r: <MPI error string>" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const std::string& what);
+
+}  // namespace fluxmpi::dist

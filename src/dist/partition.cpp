@@ -1,0 +1,605 @@
+#include "dist/partition.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace fluxmpi::dist {
+namespace {
+
+// Sinusoidal channels of diffusers' Timesteps projection in FLUX's time/guidance embedders.
+constexpr int64_t kTimestepChannels = 256;
+// The MLP width of FLUX blocks relative to D (FeedForward mult and single blocks' mlp_ratio).
+constexpr int64_t kMlpRatio = 4;
+
+int64_t linear(int64_t in, int64_t out) { return in * out + out; }
+int64_t conv(int64_t in, int64_t out, int64_t kernel) { return in * out * kernel * kernel + out; }
+// LayerNorm / GroupNorm with affine weight and bias.
+int64_t affine_norm(int64_t channels) { return 2 * channels; }
+
+int64_t vae_resnet(int64_t in, int64_t out) {
+  return affine_norm(in) + conv(in, out, 3) + affine_norm(out) + conv(out, out, 3) + (in != out ? conv(in, out, 1) : 0);
+}
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, sep)) out.push_back(trim(item));
+  if (!s.empty() && s.back() == sep) out.push_back("");
+  return out;
+}
+
+// A non-negative decimal integer, or nullopt.
+std::optional<int64_t> parse_index(const std::string& s) {
+  if (s.empty() || s.size() > 12) return std::nullopt;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  return std::stoll(s);
+}
+
+std::string range_text(int64_t first, int64_t last) {
+  return first == last ? std::to_string(first) : str_cat(first, "-", last);
+}
+
+// 11901408320 -> "11,901,408,320"
+std::string group_digits(int64_t n) {
+  std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+uint64_t to_bytes(int64_t elements, int64_t dtype_bytes) { return static_cast<uint64_t>(elements * dtype_bytes); }
+
+// Bytes of the attention score chunk the math path holds: heads are split into chunks of at
+// most `chunk_limit` bytes, but one head's [Lq, Lk] scores are never split. No limit: all heads.
+uint64_t score_chunk_bytes(int64_t batch_heads, int64_t lq, int64_t lk, int64_t dtype_bytes, int64_t chunk_limit) {
+  const int64_t per_head = lq * lk * dtype_bytes;
+  if (chunk_limit <= 0) return static_cast<uint64_t>(batch_heads * per_head);
+  const int64_t heads_per_chunk = std::max<int64_t>(1, chunk_limit / std::max<int64_t>(per_head, 1));
+  return static_cast<uint64_t>(std::min(batch_heads, heads_per_chunk) * per_head);
+}
+
+// Everything the estimates of one plan need, computed once from the request.
+class CostModel {
+ public:
+  explicit CostModel(const PlanRequest& r) : r_(r), p_(count_transformer_params(r.transformer)) {
+    const io::TransformerConfig& c = r.transformer;
+    const int64_t D = c.inner_dim();
+    const double m = static_cast<double>(r.microbatch);
+    const double L = static_cast<double>(r.image_tokens + r.text_tokens);
+    const double Dd = static_cast<double>(D);
+    // Each token meets 12 D^2 weights in either block type (double: q, k, v, out and the 4D MLP of
+    // its own stream; single: q, k, v, proj_mlp and proj_out over [attn, mlp]); attention is
+    // QK^T and AV over the joint sequence; the modulation linears act on temb once per image.
+    const double per_token = 2.0 * 12 * Dd * Dd * L + 4.0 * L * L * Dd;
+    double_flops_ = m * (per_token + 2.0 * 2 * Dd * 6 * Dd);
+    single_flops_ = m * (per_token + 2.0 * Dd * 3 * Dd);
+    const double time_text = static_cast<double>(p_.embedders - linear(c.in_channels, D) - linear(c.joint_attention_dim, D));
+    embedder_flops_ = m * (2.0 * c.in_channels * Dd * r.image_tokens + 2.0 * c.joint_attention_dim * Dd * r.text_tokens +
+                           2.0 * time_text);
+    final_flops_ = m * (2.0 * Dd * 2 * Dd + 2.0 * Dd * c.out_channels * r.image_tokens);
+    total_flops_ = embedder_flops_ + final_flops_ + c.num_layers * double_flops_ + c.num_single_layers * single_flops_;
+
+    activation_bytes_ = transformer_activations();
+    if (r.clip) encoder_weight_bytes_ += to_bytes(count_clip_text_params(*r.clip), r.dtype_bytes);
+    if (r.t5) encoder_weight_bytes_ += to_bytes(count_t5_encoder_params(*r.t5), r.dtype_bytes);
+    encoder_activation_bytes_ = text_activations();
+    if (r.vae) {
+      vae_weight_bytes_ = to_bytes(count_vae_decoder_params(*r.vae), r.dtype_bytes);
+      vae_activation_bytes_ = vae_activations(*r.vae);
+    }
+  }
+
+  const TransformerParamCounts& params() const { return p_; }
+  int64_t num_double() const { return r_.transformer.num_layers; }
+  int64_t num_blocks() const { return r_.transformer.num_blocks(); }
+  bool is_double(int64_t block) const { return block < num_double(); }
+  uint64_t block_weight_bytes(int64_t block) const {
+    return to_bytes(is_double(block) ? p_.double_block : p_.single_block, r_.dtype_bytes);
+  }
+  uint64_t encoder_weight_bytes() const { return encoder_weight_bytes_; }
+  uint64_t vae_weight_bytes() const { return vae_weight_bytes_; }
+  uint64_t vae_activation_bytes() const { return vae_activation_bytes_; }
+  uint64_t activation_bytes() const { return activation_bytes_; }
+  bool encodes() const { return r_.clip || r_.t5; }
+
+  // The estimate of `rank` running global blocks first..last.
+  StageEstimate estimate(int rank, int64_t first, int64_t last) const {
+    StageEstimate e;
+    const int64_t doubles = std::max<int64_t>(0, std::min(last, num_double() - 1) - first + 1);
+    const int64_t singles = (last - first + 1) - doubles;
+    int64_t params = doubles * p_.double_block + singles * p_.single_block;
+    e.step_flops = doubles * double_flops_ + singles * single_flops_;
+    if (rank == 0) {
+      params += p_.embedders;
+      e.step_flops += embedder_flops_;
+    }
+    if (rank == r_.world_size - 1) {
+      params += p_.final_layer;
+      e.step_flops += final_flops_;
+    }
+    e.weight_bytes = to_bytes(params, r_.dtype_bytes);
+    e.flops_share = e.step_flops / total_flops_;
+    e.activation_bytes = activation_bytes_;
+    // Rank 0 keeps its slice while it decodes: later images are still in the pipeline then.
+    const uint64_t resident =
+        kRuntimeBaselineBytes + e.weight_bytes + (rank == 0 && r_.keep_encoders ? encoder_weight_bytes_ : 0);
+    e.denoise_bytes = resident + activation_bytes_;
+    e.peak_bytes = e.denoise_bytes;
+    if (rank == 0 && encodes()) {
+      e.encode_bytes = kRuntimeBaselineBytes + encoder_weight_bytes_ + encoder_activation_bytes_;
+      if (e.encode_bytes > e.peak_bytes) {
+        e.peak_bytes = e.encode_bytes;
+        e.peak_stage = "encode";
+      }
+    }
+    if (rank == 0 && r_.vae) {
+      e.decode_bytes = resident + vae_weight_bytes_ + vae_activation_bytes_;
+      if (e.decode_bytes > e.peak_bytes) {
+        e.peak_bytes = e.decode_bytes;
+        e.peak_stage = "decode";
+      }
+    }
+    return e;
+  }
+
+ private:
+  uint64_t transformer_activations() const {
+    const io::TransformerConfig& c = r_.transformer;
+    const int64_t m = r_.microbatch, b = r_.dtype_bytes, D = c.inner_dim();
+    const int64_t L = r_.image_tokens + r_.text_tokens;
+    const int64_t streams = (kStreamTensors + kMessageTensors) * m * L * D * b;
+    const int64_t mlp = kMlpTensors * m * L * kMlpRatio * D * b;
+    const uint64_t scores = kScoreTensors * score_chunk_bytes(m * c.num_attention_heads, L, L, b, r_.attention_chunk_bytes);
+    const int64_t rope = 2 * L * c.attention_head_dim * 4;  // cos and sin tables, fp32
+    return static_cast<uint64_t>(streams + mlp + rope) + scores;
+  }
+
+  // Encoders run one after the other on one prompt at a time: the larger working set counts.
+  uint64_t text_activations() const {
+    const int64_t b = r_.dtype_bytes;
+    uint64_t clip = 0, t5 = 0;
+    if (r_.clip) {
+      const io::ClipTextConfig& c = *r_.clip;
+      const int64_t S = c.max_position_embeddings;
+      clip = static_cast<uint64_t>(kTextStreamTensors * S * c.hidden_size * b + 2 * S * c.intermediate_size * b) +
+             kScoreTensors * score_chunk_bytes(c.num_attention_heads, S, S, b, r_.attention_chunk_bytes);
+    }
+    if (r_.t5) {
+      const io::T5Config& c = *r_.t5;
+      const int64_t S = r_.text_tokens;
+      const int64_t width = std::max(c.d_model, c.num_heads * c.d_kv);
+      const int64_t ff_tensors = c.gated ? 3 : 2;
+      // The relative position bias [H, S, S] is computed once and kept for every layer.
+      t5 = static_cast<uint64_t>(kTextStreamTensors * S * width * b + ff_tensors * S * c.d_ff * b +
+                                 c.num_heads * S * S * b) +
+           kScoreTensors * score_chunk_bytes(c.num_heads, S, S, b, r_.attention_chunk_bytes);
+    }
+    return std::max(clip, t5);
+  }
+
+  // One image at a time: the largest activation of the decoder (channels x area at some level)
+  // times the tensors alive at once, plus the mid-block attention over all latent cells (one
+  // head, so its scores cannot be chunked).
+  uint64_t vae_activations(const io::VaeConfig& v) const {
+    const int64_t b = r_.dtype_bytes;
+    const int64_t latent_area = 4 * r_.image_tokens;  // h x w latent cells: 2x2 per packed token
+    std::vector<int64_t> channels(v.block_out_channels.rbegin(), v.block_out_channels.rend());
+    int64_t largest = channels.front() * latent_area;
+    int64_t area = latent_area;
+    for (size_t i = 0; i < channels.size(); ++i) {
+      const int64_t in = i == 0 ? channels.front() : channels[i - 1];
+      largest = std::max(largest, std::max(in, channels[i]) * area);
+      if (i + 1 < channels.size()) {
+        area *= 4;  // the upsampler doubles both sides
+        largest = std::max(largest, channels[i] * area);
+      }
+    }
+    uint64_t bytes = static_cast<uint64_t>(kVaeLiveTensors * largest * b);
+    if (v.mid_block_add_attention)
+      bytes += kScoreTensors * score_chunk_bytes(1, latent_area, latent_area, b, r_.attention_chunk_bytes);
+    return bytes;
+  }
+
+  const PlanRequest& r_;
+  TransformerParamCounts p_;
+  double double_flops_ = 0, single_flops_ = 0, embedder_flops_ = 0, final_flops_ = 0, total_flops_ = 0;
+  uint64_t activation_bytes_ = 0;
+  uint64_t encoder_weight_bytes_ = 0, encoder_activation_bytes_ = 0;
+  uint64_t vae_weight_bytes_ = 0, vae_activation_bytes_ = 0;
+};
+
+StageBlocks stage_blocks(int64_t first, int64_t last, int64_t num_double) {
+  StageBlocks s;
+  s.first = first;
+  s.last = last;
+  s.num_double = std::max<int64_t>(0, std::min(last, num_double - 1) - first + 1);
+  s.first_double = s.num_double > 0 ? first : 0;
+  s.num_single = (last - first + 1) - s.num_double;
+  s.first_single = s.num_single > 0 ? std::max(first, num_double) - num_double : 0;
+  return s;
+}
+
+constexpr int64_t kInfeasible = std::numeric_limits<int64_t>::max();
+
+// Contiguous split of B blocks into P non-empty slices minimising, lexicographically, the
+// largest `primary` and then the largest `secondary` cost over ranks, with slices that break a
+// budget excluded. Two dynamic programmes over (ranks used, blocks covered): the first finds the
+// optimal primary bound, the second the best secondary cost within it. Ties go to the earliest
+// cut. Returns the first block of each rank, or an empty vector when nothing fits.
+template <typename Primary, typename Secondary, typename Feasible>
+std::vector<int64_t> best_split(int P, int64_t B, Primary primary, Secondary secondary, Feasible feasible) {
+  using Table = std::vector<std::vector<int64_t>>;
+  auto solve = [&](auto cost, int64_t bound, std::vector<std::vector<int64_t>>* choice) {
+    Table best(P + 1, std::vector<int64_t>(B + 1, kInfeasible));
+    best[0][0] = std::numeric_limits<int64_t>::min();
+    for (int r = 1; r <= P; ++r) {
+      // Rank r-1 takes blocks [i, j); the ranks before it need one block each, the ranks after
+      // it one block each too.
+      for (int64_t j = r; j <= B - (P - r); ++j) {
+        for (int64_t i = r - 1; i < j; ++i) {
+          if (best[r - 1][i] == kInfeasible || !feasible(r - 1, i, j - 1)) continue;
+          if (primary(r - 1, i, j - 1) > bound) continue;
+          const int64_t value = std::max(best[r - 1][i], cost(r - 1, i, j - 1));
+          if (value < best[r][j]) {
+            best[r][j] = value;
+            if (choice) (*choice)[r][j] = i;
+          }
+        }
+      }
+    }
+    return best[P][B];
+  };
+  const int64_t bound = solve(primary, kInfeasible - 1, nullptr);
+  if (bound == kInfeasible) return {};
+  std::vector<std::vector<int64_t>> choice(P + 1, std::vector<int64_t>(B + 1, -1));
+  solve(secondary, bound, &choice);
+  std::vector<int64_t> firsts(P);
+  int64_t j = B;
+  for (int r = P; r >= 1; --r) {
+    firsts[r - 1] = choice[r][j];
+    j = choice[r][j];
+  }
+  return firsts;
+}
+
+std::string budgets_text(const std::map<int, uint64_t>& budgets) {
+  std::string s;
+  for (const auto& [rank, bytes] : budgets) s += str_cat(s.empty() ? "" : ", ", rank, "=", format_bytes(bytes));
+  return s;
+}
+
+// The clearest reason why no split fits: a rank whose fixed load (plus its lightest possible
+// block) already exceeds its budget, else the total.
+[[noreturn]] void throw_infeasible(const PlanRequest& r, const CostModel& model) {
+  for (const auto& [rank, budget] : r.max_memory) {
+    // The lightest block this rank could hold: a single block when its window of positions
+    // (every other rank needs one block too) reaches one.
+    const int64_t block = std::min(std::max<int64_t>(rank, model.num_double()), model.num_blocks() - r.world_size + rank);
+    StageEstimate e = model.estimate(rank, block, block);
+    if (e.encode_bytes > budget)
+      throw UsageError(str_cat("--max-memory: rank ", rank, "'s budget ", format_bytes(budget),
+                               " cannot hold the text encoders while they encode: ", format_bytes(e.encode_bytes),
+                               " estimated (", format_bytes(model.encoder_weight_bytes()), " of weights in ",
+                               r.dtype_label, ", runtime and activations); raise it or use a smaller --dtype"));
+    if (e.peak_bytes > budget)
+      throw UsageError(str_cat("--max-memory: rank ", rank, "'s budget ", format_bytes(budget),
+                               " is below the least it needs with a single block: ", format_bytes(e.peak_bytes), " (",
+                               e.peak_stage, " stage: runtime, ", format_bytes(e.activation_bytes),
+                               " of activations", rank == 0 ? ", embedders" : "",
+                               rank == r.world_size - 1 ? ", final layer" : "",
+                               rank == 0 && r.vae ? ", VAE decoder while decoding" : "", ")"));
+  }
+  uint64_t weights = to_bytes(model.params().total, r.dtype_bytes);
+  throw UsageError(str_cat("--max-memory: no split of the ", model.num_blocks(), " transformer blocks over ", r.world_size,
+                           " ranks fits the budgets (", budgets_text(r.max_memory), "): the transformer's weights are ",
+                           format_bytes(weights), " in ", r.dtype_label, " and every rank also needs about ",
+                           format_bytes(kRuntimeBaselineBytes + model.activation_bytes()),
+                           " for runtime and activations; raise the budgets, add ranks or use a smaller --dtype"));
+}
+
+}  // namespace
+
+Balance parse_balance(const std::string& text) {
+  if (text == "compute") return Balance::Compute;
+  if (text == "memory") return Balance::Memory;
+  throw UsageError(str_cat("--balance must be 'compute' or 'memory', got '", text, "'"));
+}
+
+const char* balance_name(Balance balance) { return balance == Balance::Compute ? "compute" : "memory"; }
+
+TransformerParamCounts count_transformer_params(const io::TransformerConfig& c) {
+  const int64_t D = c.inner_dim(), Dh = c.attention_head_dim, F = kMlpRatio * D;
+  TransformerParamCounts p;
+  // FluxTransformerBlock: per stream (img, txt) an AdaLayerNormZero (6 modulation vectors), q/k/v
+  // and output projections, a per-head RMSNorm weight on q and on k, and a GELU MLP D -> 4D -> D.
+  p.double_block = 2 * (linear(D, 6 * D) + 4 * linear(D, D) + 2 * Dh + linear(D, F) + linear(F, D));
+  // FluxSingleTransformerBlock: AdaLayerNormZeroSingle (3 vectors), q/k/v with RMSNorm weights,
+  // proj_mlp D -> 4D and proj_out over the concatenation [attention, mlp].
+  p.single_block = linear(D, 3 * D) + 3 * linear(D, D) + 2 * Dh + linear(D, F) + linear(D + F, D);
+  const int64_t timestep_mlp = linear(kTimestepChannels, D) + linear(D, D);
+  p.embedders = linear(c.in_channels, D) + linear(c.joint_attention_dim, D) +
+                timestep_mlp * (c.guidance_embeds ? 2 : 1) + linear(c.pooled_projection_dim, D) + linear(D, D);
+  p.final_layer = linear(D, 2 * D) + linear(D, c.patch_size * c.patch_size * c.out_channels);
+  p.total = p.embedders + c.num_layers * p.double_block + c.num_single_layers * p.single_block + p.final_layer;
+  return p;
+}
+
+int64_t count_clip_text_params(const io::ClipTextConfig& c) {
+  const int64_t H = c.hidden_size;
+  const int64_t layer = 4 * linear(H, H) + 2 * affine_norm(H) + linear(H, c.intermediate_size) + linear(c.intermediate_size, H);
+  return c.vocab_size * H + c.max_position_embeddings * H + c.num_hidden_layers * layer + affine_norm(H);
+}
+
+int64_t count_t5_encoder_params(const io::T5Config& c) {
+  const int64_t d = c.d_model, inner = c.num_heads * c.d_kv;
+  const int64_t ff = (c.gated ? 2 : 1) * d * c.d_ff + c.d_ff * d;
+  const int64_t layer = 3 * d * inner + inner * d + d + ff + d;  // T5 linears and RMSNorms have no bias
+  return c.vocab_size * d + c.num_layers * layer + c.relative_attention_num_buckets * c.num_heads + d;
+}
+
+int64_t count_vae_decoder_params(const io::VaeConfig& v) {
+  std::vector<int64_t> channels(v.block_out_channels.rbegin(), v.block_out_channels.rend());
+  const int64_t top = channels.front();
+  int64_t n = v.use_post_quant_conv ? conv(v.latent_channels, v.latent_channels, 1) : 0;
+  n += conv(v.latent_channels, top, 3);
+  n += 2 * vae_resnet(top, top);
+  if (v.mid_block_add_attention) n += affine_norm(top) + 4 * linear(top, top);
+  int64_t in = top;
+  for (size_t i = 0; i < channels.size(); ++i) {
+    const int64_t out = channels[i];
+    for (int64_t j = 0; j < v.layers_per_block + 1; ++j) n += vae_resnet(j == 0 ? in : out, out);
+    if (i + 1 < channels.size()) n += conv(out, out, 3);  // upsamplers.0.conv
+    in = out;
+  }
+  n += affine_norm(v.block_out_channels.front()) + conv(v.block_out_channels.front(), v.out_channels, 3);
+  return n;
+}
+
+std::map<int, uint64_t> parse_max_memory(const std::string& text, int world_size) {
+  std::map<int, uint64_t> budgets;
+  if (trim(text).empty()) return budgets;
+  for (const std::string& entry : split(text, ',')) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos)
+      throw UsageError(str_cat("--max-memory: expected entries like 0=16GiB,1=24GiB, got '", entry, "' in '", text, "'"));
+    const std::string rank_text = trim(entry.substr(0, eq));
+    const auto rank = parse_index(rank_text);
+    if (!rank) throw UsageError(str_cat("--max-memory: '", rank_text, "' is not a rank number (in '", text, "')"));
+    if (*rank >= world_size)
+      throw UsageError(str_cat("--max-memory: rank ", *rank, " is out of range: the job has ", world_size,
+                               " rank", world_size == 1 ? "" : "s", " (0-", world_size - 1, ")"));
+    if (budgets.count(static_cast<int>(*rank)))
+      throw UsageError(str_cat("--max-memory: rank ", *rank, " is given twice in '", text, "'"));
+    budgets[static_cast<int>(*rank)] = parse_bytes(trim(entry.substr(eq + 1)), str_cat("--max-memory for rank ", *rank));
+  }
+  return budgets;
+}
+
+std::vector<BlockRange> parse_partition(const std::string& text, int world_size, int64_t num_blocks) {
+  std::vector<std::optional<BlockRange>> by_rank(world_size);
+  const std::string example = "expected entries like 0:0-8,1:9-56 (rank:first-last)";
+  for (const std::string& entry : split(text, ',')) {
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) throw UsageError(str_cat("--partition: ", example, ", got '", entry, "' in '", text, "'"));
+    const auto rank = parse_index(trim(entry.substr(0, colon)));
+    const std::string range = trim(entry.substr(colon + 1));
+    const size_t dash = range.find('-');
+    const auto first = parse_index(trim(range.substr(0, dash)));
+    const auto last = dash == std::string::npos ? first : parse_index(trim(range.substr(dash + 1)));
+    if (!rank || !first || !last) throw UsageError(str_cat("--partition: ", example, ", got '", entry, "' in '", text, "'"));
+    if (*rank >= world_size)
+      throw UsageError(str_cat("--partition: rank ", *rank, " is out of range: the job has ", world_size, " rank",
+                               world_size == 1 ? "" : "s", " (0-", world_size - 1, ")"));
+    if (by_rank[*rank]) throw UsageError(str_cat("--partition: rank ", *rank, " is given twice in '", text, "'"));
+    by_rank[*rank] = BlockRange{*first, *last};
+  }
+  std::vector<BlockRange> ranges;
+  for (int r = 0; r < world_size; ++r) {
+    if (!by_rank[r])
+      throw UsageError(str_cat("--partition: rank ", r, " has no blocks; every rank 0-", world_size - 1,
+                               " needs a slice of the ", num_blocks, " blocks"));
+    ranges.push_back(*by_rank[r]);
+  }
+  check_partition(ranges, world_size, num_blocks);
+  return ranges;
+}
+
+void check_partition(const std::vector<BlockRange>& ranges, int world_size, int64_t num_blocks) {
+  if (static_cast<int>(ranges.size()) != world_size)
+    throw UsageError(str_cat("--partition: gives slices to ", ranges.size(), " ranks, the job has ", world_size));
+  for (int r = 0; r < world_size; ++r) {
+    const BlockRange& b = ranges[r];
+    if (b.first > b.last)
+      throw UsageError(str_cat("--partition: rank ", r, " has the empty range ", b.first, "-", b.last, " (first > last)"));
+    if (b.last >= num_blocks)
+      throw UsageError(str_cat("--partition: block ", b.last, " of rank ", r, " is out of range: the transformer has ",
+                               num_blocks, " blocks (0-", num_blocks - 1, ")"));
+  }
+  // Overlaps and gaps are judged over all slices by position, then the order of the ranks.
+  std::vector<int> order(world_size);
+  for (int r = 0; r < world_size; ++r) order[r] = r;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return ranges[a].first < ranges[b].first; });
+  int64_t next = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const BlockRange& b = ranges[order[k]];
+    if (b.first < next)
+      throw UsageError(str_cat("--partition: blocks ", range_text(b.first, std::min(b.last, next - 1)),
+                               " are given to both rank ", order[k - 1], " and rank ", order[k]));
+    if (b.first > next) throw UsageError(str_cat("--partition: blocks ", range_text(next, b.first - 1), " are given to no rank"));
+    next = b.last + 1;
+  }
+  if (next < num_blocks) throw UsageError(str_cat("--partition: blocks ", range_text(next, num_blocks - 1), " are given to no rank"));
+  for (int r = 1; r < world_size; ++r) {
+    if (ranges[r].first < ranges[r - 1].first)
+      throw UsageError(str_cat("--partition: slices must follow rank order, but rank ", r, " has blocks ",
+                               range_text(ranges[r].first, ranges[r].last), " before rank ", r - 1, "'s ",
+                               range_text(ranges[r - 1].first, ranges[r - 1].last)));
+  }
+}
+
+std::string StageBlocks::describe() const {
+  std::string s;
+  if (num_double > 0) s = str_cat("double ", range_text(first_double, first_double + num_double - 1));
+  if (num_single > 0)
+    s += str_cat(s.empty() ? "" : ", ", "single ", range_text(first_single, first_single + num_single - 1));
+  return s;
+}
+
+StagePlan StagePlan::make(const PlanRequest& r) {
+  const int64_t B = r.transformer.num_blocks();
+  const int P = r.world_size;
+  FLUX_CHECK(P >= 1, "world size ", P);
+  FLUX_CHECK(r.dtype_bytes > 0 && r.image_tokens > 0 && r.text_tokens > 0 && r.microbatch > 0,
+             "plan request with non-positive sizes");
+  if (P > B)
+    throw UsageError(str_cat("cannot split the transformer's ", B, " blocks over ", P,
+                             " ranks: every rank needs at least one block; run with at most ", B, " ranks"));
+
+  CostModel model(r);
+  auto budget_of = [&](int rank) {
+    auto it = r.max_memory.find(rank);
+    return it == r.max_memory.end() ? std::numeric_limits<uint64_t>::max() : it->second;
+  };
+
+  std::vector<int64_t> firsts;
+  if (!r.partition.empty()) {
+    check_partition(r.partition, P, B);
+    for (const BlockRange& b : r.partition) firsts.push_back(b.first);
+  } else {
+    auto feasible = [&](int rank, int64_t first, int64_t last) {
+      return model.estimate(rank, first, last).peak_bytes <= budget_of(rank);
+    };
+    auto blocks = [](int, int64_t first, int64_t last) { return last - first + 1; };
+    auto memory = [&](int rank, int64_t first, int64_t last) {
+      return static_cast<int64_t>(model.estimate(rank, first, last).peak_bytes);
+    };
+    firsts = r.balance == Balance::Compute ? best_split(P, B, blocks, memory, feasible)
+                                           : best_split(P, B, memory, blocks, feasible);
+    if (firsts.empty()) throw_infeasible(r, model);
+  }
+
+  StagePlan plan;
+  plan.params_ = model.params();
+  plan.num_double_ = r.transformer.num_layers;
+  plan.num_single_ = r.transformer.num_single_layers;
+  plan.balance_ = r.balance;
+  plan.overridden_ = !r.partition.empty();
+  plan.budgets_ = r.max_memory;
+  for (int rank = 0; rank < P; ++rank) {
+    const int64_t first = firsts[rank];
+    const int64_t last = rank + 1 < P ? firsts[rank + 1] - 1 : B - 1;
+    plan.blocks_.push_back(stage_blocks(first, last, plan.num_double_));
+    plan.estimates_.push_back(model.estimate(rank, first, last));
+    const StageEstimate& e = plan.estimates_.back();
+    if (e.peak_bytes > budget_of(rank))
+      throw UsageError(str_cat("--partition gives rank ", rank, " blocks ", range_text(first, last), " (",
+                               plan.blocks_.back().describe(), "), estimated peak ", format_bytes(e.peak_bytes), " (",
+                               e.peak_stage, "), above its --max-memory budget of ", format_bytes(budget_of(rank))));
+  }
+
+  std::ostringstream s;
+  s << "FLUX transformer: " << plan.num_double_ << " double + " << plan.num_single_ << " single blocks, "
+    << group_digits(plan.params_.total) << " parameters (" << format_bytes(to_bytes(plan.params_.total, r.dtype_bytes))
+    << " in " << r.dtype_label << ")\n";
+  s << "plan: " << (plan.overridden_ ? "--partition override" : str_cat("balance ", balance_name(r.balance)))
+    << " over " << P << " rank" << (P == 1 ? "" : "s") << "; per step " << r.image_tokens << " image + " << r.text_tokens
+    << " text tokens, microbatch " << r.microbatch << "\n";
+  plan.header_ = s.str();
+  {
+    const StageEstimate& e0 = plan.estimates_.front();
+    std::string stages = "rank 0 stages: ";
+    if (model.encodes())
+      stages += str_cat("encode ", format_bytes(e0.encode_bytes), " (text encoders ", format_bytes(model.encoder_weight_bytes()),
+                        r.keep_encoders ? ", kept resident" : ", freed before the blocks load", "), ");
+    stages += str_cat("denoise ", format_bytes(e0.denoise_bytes));
+    if (r.vae)
+      stages += str_cat(", decode ", format_bytes(e0.decode_bytes), " (VAE decoder ", format_bytes(model.vae_weight_bytes()),
+                        " + activations ", format_bytes(model.vae_activation_bytes()), ")");
+    plan.footer_ = stages + "\n";
+  }
+  return plan;
+}
+
+const StageBlocks& StagePlan::blocks(int rank) const {
+  FLUX_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " of ", world_size());
+  return blocks_[rank];
+}
+
+const StageEstimate& StagePlan::estimate(int rank) const {
+  FLUX_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " of ", world_size());
+  return estimates_[rank];
+}
+
+int StagePlan::rank_of_block(int64_t block) const {
+  for (int r = 0; r < world_size(); ++r)
+    if (block >= blocks_[r].first && block <= blocks_[r].last) return r;
+  throw InternalError(str_cat("block ", block, " is outside the transformer's ", num_blocks(), " blocks"));
+}
+
+bool StagePlan::owns_key(int rank, const std::string& key) const {
+  auto indexed = [&](const std::string& prefix) -> std::optional<int64_t> {
+    if (key.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+    const size_t dot = key.find('.', prefix.size());
+    return parse_index(key.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size()));
+  };
+  auto starts = [&](const char* prefix) { return key.rfind(prefix, 0) == 0; };
+  const StageBlocks& b = blocks(rank);
+  if (auto i = indexed("transformer_blocks.")) {
+    if (*i < num_double_) return b.num_double > 0 && *i >= b.first_double && *i < b.first_double + b.num_double;
+  } else if (auto j = indexed("single_transformer_blocks.")) {
+    if (*j < num_single_) return b.num_single > 0 && *j >= b.first_single && *j < b.first_single + b.num_single;
+  } else if (starts("norm_out.") || starts("proj_out.")) {
+    return owns_final_layer(rank);
+  }
+  // Embedders, block indices beyond the config and keys of no known module: rank 0, whose loader
+  // reports whatever its modules do not claim.
+  return owns_embedders(rank);
+}
+
+std::string StagePlan::table() const {
+  std::ostringstream s;
+  s << header_;
+  std::vector<std::string> descriptions;
+  size_t width = 6;
+  for (const StageBlocks& b : blocks_) {
+    descriptions.push_back(b.describe());
+    width = std::max(width, descriptions.back().size());
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "%4s  %-*s  %10s  %6s  %11s  %-7s  %s\n", "rank", static_cast<int>(width), "blocks",
+                "weights", "FLOPs", "peak memory", "stage", "budget");
+  s << line;
+  for (int r = 0; r < world_size(); ++r) {
+    const StageEstimate& e = estimates_[r];
+    auto it = budgets_.find(r);
+    const std::string budget = it == budgets_.end() ? "-" : format_bytes(it->second);
+    char share[32];
+    std::snprintf(share, sizeof share, "%.1f%%", 100.0 * e.flops_share);
+    std::snprintf(line, sizeof line, "%4d  %-*s  %10s  %6s  %11s  %-7s  %s\n", r, static_cast<int>(width),
+                  descriptions[r].c_str(), format_bytes(e.weight_bytes).c_str(), share, format_bytes(e.peak_bytes).c_str(),
+                  e.peak_stage, budget.c_str());
+    s << line;
+  }
+  s << footer_;
+  return s.str();
+}
+
+}  // namespace fluxmpi::dist

@@ -1,0 +1,51 @@
+// main() of the MPI test executables: MPI first, then GoogleTest on every rank. Rank 0 prints the
+// usual report; the other ranks print only their failures, prefixed with their rank. The exit
+// code is non-zero on every rank when any rank failed, so mpiexec reports the failure.
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "mpi_test_main.h"
+
+namespace fluxmpi::test {
+namespace {
+
+const dist::MpiEnv* g_env = nullptr;
+
+class RankFailurePrinter : public testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "[rank %d] %s.%s failed at %s:%d\n%s\n", rank_, info ? info->test_suite_name() : "?",
+                 info ? info->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.message());
+    std::fflush(stderr);
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+const dist::MpiEnv& mpi_env() { return *g_env; }
+
+}  // namespace fluxmpi::test
+
+int main(int argc, char** argv) {
+  fluxmpi::dist::MpiEnv env(&argc, &argv);
+  fluxmpi::test::g_env = &env;
+  testing::InitGoogleTest(&argc, argv);
+  if (env.rank() != 0) {
+    testing::TestEventListeners& listeners = testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new fluxmpi::test::RankFailurePrinter(env.rank()));
+  }
+  const int local = RUN_ALL_TESTS() == 0 ? 0 : 1;
+  const int any = env.agree(local);
+  if (env.rank() == 0 && any != 0 && local == 0) std::fprintf(stderr, "[rank 0] tests failed on another rank\n");
+  return any;
+}
