@@ -1,0 +1,211 @@
+#include "ckpt/format.h"
+
+#include <charconv>
+#include <ctime>
+#include <optional>
+
+#include "core/error.h"
+#include "io/json_config.h"
+
+namespace fluxmpi::ckpt {
+namespace {
+
+// Shortest text that reads back as the same double, so a message never shows two equal-looking
+// values as different.
+std::string number_text(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+std::string value_text(int64_t v) { return std::to_string(v); }
+std::string value_text(double v) { return number_text(v); }
+std::string value_text(bool v) { return v ? "true" : "false"; }
+std::string value_text(const std::string& v) { return str_cat("\"", v, "\""); }
+std::string value_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Collects the first difference between the checkpoint and the request, in a fixed field order.
+class FirstDifference {
+ public:
+  template <typename T>
+  void field(const std::string& where, const char* name, const T& stored, const T& requested) {
+    if (found_ || stored == requested) return;
+    found_ = str_cat(where, "'", name, "' is ", value_text(stored), " in the checkpoint, the command line asks for ",
+                     value_text(requested));
+  }
+  const std::optional<std::string>& found() const { return found_; }
+
+ private:
+  std::optional<std::string> found_;
+};
+
+}  // namespace
+
+const char* status_name(ImageStatus status) {
+  switch (status) {
+    case ImageStatus::Encoding: return "encoding";
+    case ImageStatus::Denoising: return "denoising";
+    case ImageStatus::Decoded: return "decoded";
+  }
+  return "?";
+}
+
+ImageStatus parse_status(const std::string& text, const std::string& where) {
+  for (ImageStatus s : {ImageStatus::Encoding, ImageStatus::Denoising, ImageStatus::Decoded})
+    if (text == status_name(s)) return s;
+  throw CheckpointError(str_cat(where, ": status is '", text, "', expected encoding, denoising or decoded"));
+}
+
+bool uses_true_cfg(const ImageAttributes& a) { return a.true_cfg_scale > 1.0; }
+
+io::TransformerConfig stored_transformer_config(const std::string& model_config, const std::string& label) {
+  try {
+    return io::parse_transformer_config(io::ConfigReader::from_text(model_config, label));
+  } catch (const ConfigError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
+ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes& file, const ImageAttributes& image,
+                       const std::string& where) {
+  const int64_t f = file.vae_scale_factor;
+  if (f <= 0 || (f & (f - 1)) != 0)
+    throw CheckpointError(str_cat(where, ": attribute 'vae_scale_factor' must be a power of two, got ", f));
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"height", image.height}, {"width", image.width}})
+    if (v <= 0 || v % (2 * f) != 0)
+      throw CheckpointError(str_cat(where, ": attribute '", name, "' must be a positive multiple of ", 2 * f,
+                                    " (2 * vae_scale_factor), got ", v));
+  if (image.num_inference_steps <= 0)
+    throw CheckpointError(str_cat(where, ": attribute 'num_inference_steps' must be positive, got ",
+                                  image.num_inference_steps));
+  if (image.max_sequence_length <= 0)
+    throw CheckpointError(str_cat(where, ": attribute 'max_sequence_length' must be positive, got ",
+                                  image.max_sequence_length));
+  ImageShape s;
+  s.text_tokens = image.max_sequence_length;
+  s.joint_attention_dim = config.joint_attention_dim;
+  s.pooled_projection_dim = config.pooled_projection_dim;
+  s.latent_height = image.height / f;
+  s.latent_width = image.width / f;
+  s.latent_channels = config.latent_channels();
+  s.image_tokens = (s.latent_height / 2) * (s.latent_width / 2);
+  s.token_dim = config.in_channels;
+  s.steps = image.num_inference_steps;
+  s.height = image.height;
+  s.width = image.width;
+  s.true_cfg = uses_true_cfg(image);
+  return s;
+}
+
+const char* stored_type_name(StoredType type) {
+  switch (type) {
+    case StoredType::Float32: return "float32";
+    case StoredType::Int32: return "int32";
+    case StoredType::Int64: return "int64";
+    case StoredType::UInt8: return "uint8";
+    case StoredType::String: return "string";
+  }
+  return "?";
+}
+
+std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
+  using T = StoredType;
+  std::vector<DatasetSpec> specs = {
+      {"status", T::String, {}, false},
+      {"last_step", T::Int64, {}, false},
+      {"text/prompt_embeds", T::Float32, {s.text_tokens, s.joint_attention_dim}, false},
+      {"text/pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false},
+      {"text/clip_input_ids", T::Int32, {kClipTokens}, false},
+      {"text/t5_input_ids", T::Int32, {s.text_tokens}, false},
+  };
+  if (s.true_cfg) {
+    specs.push_back({"text/negative_prompt_embeds", T::Float32, {s.text_tokens, s.joint_attention_dim}, false});
+    specs.push_back({"text/negative_pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false});
+  }
+  specs.push_back({"schedule/timesteps", T::Float32, {s.steps}, false});
+  specs.push_back({"schedule/sigmas", T::Float32, {s.steps + 1}, false});
+  specs.push_back({"latents/initial", T::Float32, {s.image_tokens, s.token_dim}, false});
+  specs.push_back({"latents/steps", T::Float32, {0, s.image_tokens, s.token_dim}, true});
+  specs.push_back({"latents/noise_pred", T::Float32, {0, s.image_tokens, s.token_dim}, true});
+  specs.push_back({"latents/step_index", T::Int32, {0}, true});
+  specs.push_back({"image", T::UInt8, {s.height, s.width, 3}, false});
+  return specs;
+}
+
+std::string spec_text(const DatasetSpec& spec) {
+  if (spec.shape.empty()) return str_cat(stored_type_name(spec.type), " scalar");
+  std::string s = str_cat(stored_type_name(spec.type), " [");
+  for (size_t i = 0; i < spec.shape.size(); ++i)
+    s += str_cat(i ? ", " : "", (spec.extendable && i == 0) ? std::string("n") : std::to_string(spec.shape[i]));
+  return s + "]";
+}
+
+std::string image_group(int64_t image) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "/images/%05lld", static_cast<long long>(image));
+  return buf;
+}
+
+std::string image_object(int64_t image, const std::string& relative) { return image_group(image) + "/" + relative; }
+
+void check_matches(const std::string& label, const FileAttributes& stored_file,
+                   const std::vector<ImageAttributes>& stored_images, const FileAttributes& requested_file,
+                   const std::vector<ImageAttributes>& requested_images) {
+  FirstDifference d;
+  d.field("", "format_version", stored_file.format_version, kFormatVersion);
+  if (!d.found()) {
+    io::TransformerConfig s = stored_transformer_config(stored_file.model_config, str_cat(label, ": /model_config"));
+    io::TransformerConfig r;
+    try {
+      r = io::parse_transformer_config(io::ConfigReader::from_text(requested_file.model_config, "transformer config"));
+    } catch (const ConfigError& e) {
+      throw InternalError(str_cat("check_matches: the requested transformer config is invalid: ", e.what()));
+    }
+    const std::string w = "model_config: ";
+    d.field(w, "patch_size", s.patch_size, r.patch_size);
+    d.field(w, "in_channels", s.in_channels, r.in_channels);
+    d.field(w, "out_channels", s.out_channels, r.out_channels);
+    d.field(w, "num_layers", s.num_layers, r.num_layers);
+    d.field(w, "num_single_layers", s.num_single_layers, r.num_single_layers);
+    d.field(w, "attention_head_dim", s.attention_head_dim, r.attention_head_dim);
+    d.field(w, "num_attention_heads", s.num_attention_heads, r.num_attention_heads);
+    d.field(w, "joint_attention_dim", s.joint_attention_dim, r.joint_attention_dim);
+    d.field(w, "pooled_projection_dim", s.pooled_projection_dim, r.pooled_projection_dim);
+    d.field(w, "guidance_embeds", s.guidance_embeds, r.guidance_embeds);
+    d.field(w, "axes_dims_rope", s.axes_dims_rope, r.axes_dims_rope);
+  }
+  d.field("", "vae_scale_factor", stored_file.vae_scale_factor, requested_file.vae_scale_factor);
+  d.field("", "number of images", static_cast<int64_t>(stored_images.size()),
+          static_cast<int64_t>(requested_images.size()));
+  for (size_t i = 0; i < stored_images.size() && i < requested_images.size() && !d.found(); ++i) {
+    const ImageAttributes& s = stored_images[i];
+    const ImageAttributes& r = requested_images[i];
+    const std::string w = image_group(static_cast<int64_t>(i)) + ": ";
+    d.field(w, "prompt", s.prompt, r.prompt);
+    d.field(w, "prompt_2", s.prompt_2, r.prompt_2);
+    d.field(w, "negative_prompt", s.negative_prompt, r.negative_prompt);
+    d.field(w, "seed", s.seed, r.seed);
+    d.field(w, "height", s.height, r.height);
+    d.field(w, "width", s.width, r.width);
+    d.field(w, "num_inference_steps", s.num_inference_steps, r.num_inference_steps);
+    d.field(w, "guidance_scale", s.guidance_scale, r.guidance_scale);
+    d.field(w, "true_cfg_scale", s.true_cfg_scale, r.true_cfg_scale);
+    d.field(w, "max_sequence_length", s.max_sequence_length, r.max_sequence_length);
+    d.field(w, "dtype", s.dtype, r.dtype);
+  }
+  if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
+}
+
+std::string iso8601_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace fluxmpi::ckpt

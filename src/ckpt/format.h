@@ -1,0 +1,126 @@
+#pragma once
+/// The fluxmpi HDF5 checkpoint format (DESIGN.md §5, docs/hdf5-format.md): object names, the
+/// attributes a job is described by, the dataset shapes they imply, and the comparison that
+/// `--resume` makes between a checkpoint and the command line. Torch- and HDF5-free.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/configs.h"
+
+namespace fluxmpi::ckpt {
+
+inline constexpr const char* kFormatName = "fluxmpi";
+inline constexpr int64_t kFormatVersion = 1;
+/// Tokens of the CLIP prompt (FluxPipeline's tokenizer_max_length).
+inline constexpr int64_t kClipTokens = 77;
+/// `status` is a fixed-length, null-padded UTF-8 string of this many bytes: a variable-length
+/// string rewritten under SWMR can read back empty in a concurrent reader (docs/hdf5-format.md).
+inline constexpr int64_t kStatusBytes = 16;
+
+/// Where an image stands. Stored in `/images/<i>/status` as "encoding" | "denoising" | "decoded".
+enum class ImageStatus {
+  Encoding,   ///< created; text embeddings not (all) written yet
+  Denoising,  ///< text, schedule and initial latents written; rows are appended per step
+  Decoded,    ///< the `image` dataset holds the final picture
+};
+const char* status_name(ImageStatus status);
+/// Throws CheckpointError "<where>: status is '<text>', expected encoding, denoising or decoded".
+ImageStatus parse_status(const std::string& text, const std::string& where);
+
+/// Attributes of the root group. `format` and `format_version` are implied (kFormatName,
+/// kFormatVersion); the reader fills `format_version` from the file.
+struct FileAttributes {
+  std::string fluxmpi_version;  ///< empty in create(): the running fluxmpi's version
+  std::string model;            ///< model directory as given on the command line
+  std::string model_config;     ///< text of transformer/config.json
+  /// Pixels per latent cell (diffusers' vae_scale_factor, 8 for FLUX.1); with height and width it
+  /// fixes L_img. An addition to DESIGN.md §5, documented in docs/hdf5-format.md.
+  int64_t vae_scale_factor = 8;
+  std::string created;          ///< ISO 8601 UTC; empty in create(): now
+  int64_t format_version = kFormatVersion;
+};
+
+/// Attributes of `/images/<i>`: everything that determines the image.
+struct ImageAttributes {
+  std::string prompt;
+  std::string prompt_2;
+  std::string negative_prompt;
+  int64_t seed = 0;                 ///< this image's own seed (S + i)
+  int64_t height = 0;               ///< output size after flooring
+  int64_t width = 0;
+  int64_t num_inference_steps = 0;
+  double guidance_scale = 0;
+  double true_cfg_scale = 1;
+  int64_t max_sequence_length = 0;
+  std::string dtype;                ///< run dtype: "fp32" | "bf16" | "fp16"
+};
+
+/// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
+/// effective scale (diffusers runs true CFG when the scale is > 1 and a negative prompt, possibly
+/// "", is given; fluxmpi stores 1 when it does not run), so the rule is true_cfg_scale > 1.
+/// Exactly then the image has the `text/negative_*` datasets.
+bool uses_true_cfg(const ImageAttributes& attributes);
+
+/// Sizes of the datasets of one image group, all implied by the attributes.
+struct ImageShape {
+  int64_t text_tokens = 0;            ///< S = max_sequence_length
+  int64_t joint_attention_dim = 0;
+  int64_t pooled_projection_dim = 0;
+  int64_t latent_height = 0;          ///< h = height / vae_scale_factor
+  int64_t latent_width = 0;
+  int64_t latent_channels = 0;        ///< in_channels / 4
+  int64_t image_tokens = 0;           ///< L_img = (h/2)(w/2)
+  int64_t token_dim = 0;              ///< in_channels (64 for FLUX.1)
+  int64_t steps = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+  bool true_cfg = false;
+};
+
+/// Element type of a dataset, as stored.
+enum class StoredType { Float32, Int32, Int64, UInt8, String };
+/// "float32", "int32", "int64", "uint8", "string"
+const char* stored_type_name(StoredType type);
+
+/// One dataset of an image group: name relative to the group, type, and shape. Extendable datasets
+/// (latents/steps, latents/noise_pred, latents/step_index) have shape[0] = 0 here: their first
+/// dimension grows by one row per saved step, in chunks of one row.
+struct DatasetSpec {
+  std::string name;
+  StoredType type;
+  std::vector<int64_t> shape;  ///< empty: scalar
+  bool extendable = false;
+};
+/// Every dataset of an image with this shape, in a fixed order (the writer creates them in it, the
+/// reader checks them in it).
+std::vector<DatasetSpec> dataset_specs(const ImageShape& shape);
+/// "float32 [n, 1024, 64]", "int64 scalar"
+std::string spec_text(const DatasetSpec& spec);
+
+/// The parsed transformer config stored in `model_config`; throws CheckpointError naming `label`
+/// when the text is not a valid FluxTransformer2DModel config.
+io::TransformerConfig stored_transformer_config(const std::string& model_config, const std::string& label);
+/// Dataset sizes of an image; throws CheckpointError "<where>: ..." when the attributes are not a
+/// valid image (size not a multiple of 2 * vae_scale_factor, no steps, ...).
+ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes& file,
+                       const ImageAttributes& image, const std::string& where);
+
+/// "/images/00003"
+std::string image_group(int64_t image);
+/// "/images/00003/latents/steps"
+std::string image_object(int64_t image, const std::string& relative);
+
+/// Refuses to continue a checkpoint made for another job: compares the format version, the
+/// transformer architecture (shape fields of the config), vae_scale_factor, the number of images,
+/// then every image attribute in order. Throws CheckpointError naming the first field that
+/// differs: "run.h5: /images/00001: 'seed' is 43 in the checkpoint, the command line asks for 44".
+void check_matches(const std::string& label, const FileAttributes& stored_file,
+                   const std::vector<ImageAttributes>& stored_images, const FileAttributes& requested_file,
+                   const std::vector<ImageAttributes>& requested_images);
+
+/// Now as ISO 8601 UTC, e.g. "2026-03-01T12:34:56Z".
+std::string iso8601_now();
+
+}  // namespace fluxmpi::ckpt
