@@ -1,0 +1,77 @@
+#pragma once
+/// The validated options of one `fluxmpi` run (DESIGN.md §7), filled by parse_options() from the
+/// command line and an optional INI file. A plain value: no Boost types, nothing lazily read.
+///
+/// The caller resolves it in this order, all before any heavy work:
+///   1. parse_options()                      (options.h: syntax, ranges, files and paths)
+///   2. with --resume: fill what was omitted from the checkpoint (prompts, seed, sizes, ...);
+///      what was given (see `given`) must match the checkpoint, which the checkpoint layer checks
+///   3. resolve_seed()                       (job.h: draws a seed when none was given)
+///   4. resolve_defaults(config, model_dir)  (defaults.h: model-dependent defaults, size flooring)
+///   5. build_job()                          (job.h: one ImageJob per image)
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+
+namespace fluxmpi::app {
+
+struct RunConfig {
+  // Model.
+  std::string model;   ///< --model: diffusers FluxPipeline folder; empty only with --resume (the checkpoint names it)
+  std::string dtype;   ///< "fp32" | "bf16" | "fp16"; default fp32 on cpu, bf16 on cuda
+  std::string device = "cpu";  ///< "cpu" | "cuda"
+
+  // Sampling.
+  /// From --prompt (one) or --prompts-file (one per non-blank line). Empty only with --resume
+  /// (the checkpoint holds them) or --dry-run (no images are made).
+  std::vector<std::string> prompts;
+  std::string prompts_file;  ///< the --prompts-file the prompts came from; empty for --prompt
+  std::string prompt_2;      ///< T5 prompt of every image; empty = the prompt itself (diffusers: `prompt_2 or prompt`)
+  /// --negative-prompt; absent and "" differ, as in diffusers: true CFG needs a negative prompt.
+  std::optional<std::string> negative_prompt;
+  double true_cfg = 1.0;     ///< --true-cfg >= 1; true CFG runs when > 1 and a negative prompt is given
+  int64_t num_images = 1;    ///< images per prompt
+  std::optional<int64_t> seed;                 ///< S: image i gets S + i; resolve_seed() fills it
+  std::optional<int64_t> height;               ///< pixels; resolve_defaults() fills and floors them
+  std::optional<int64_t> width;
+  std::optional<int64_t> steps;                ///< num_inference_steps
+  std::optional<double> guidance;              ///< guidance_scale (dev); 0 after resolving for schnell
+  std::optional<int64_t> max_sequence_length;  ///< T5 tokens, 1..512
+
+  // Output.
+  std::string output;         ///< -o pattern; empty = fluxmpi.png / fluxmpi-{i}.png (see image_output_path)
+  std::string checkpoint;     ///< --checkpoint: a new HDF5 file to create; empty = none
+  int64_t checkpoint_every = 1;
+  std::string resume;         ///< --resume: an existing checkpoint to continue (and write on into)
+  bool no_progress = false;
+
+  // Parallel.
+  int64_t threads = 0;        ///< per rank; 0 = max(1, cores of the node / ranks on the node)
+  std::string balance = "compute";  ///< "compute" | "memory"
+  std::string partition;      ///< --partition, e.g. "0:0-8,1:9-56" (parsed by the partition planner)
+  std::string max_memory;     ///< --max-memory, e.g. "0=16GiB,1=24GiB" (parsed by the partition planner)
+  int64_t microbatch = 1;
+  bool keep_encoders = false;
+
+  // General.
+  bool dry_run = false;
+  log::Level log_level = log::Level::Info;
+  std::string config_file;    ///< the --config INI file read; empty = none
+
+  /// Long names of the options set explicitly, on the command line or in the INI file
+  /// ("steps", "num-images", ...): a resumed run compares exactly these with the checkpoint.
+  std::set<std::string> given;
+
+  bool was_given(const std::string& option) const { return given.count(option) != 0; }
+  /// diffusers' do_true_cfg: true_cfg_scale > 1 and a negative prompt (possibly "") is given.
+  bool true_cfg_enabled() const { return true_cfg > 1.0 && negative_prompt.has_value(); }
+  /// The HDF5 file this run writes: the --resume file (written on into), else --checkpoint, else "".
+  const std::string& checkpoint_file() const { return resume.empty() ? checkpoint : resume; }
+};
+
+}  // namespace fluxmpi::app
