@@ -17,6 +17,7 @@ fluxmpi_need(PNG_FOUND "libpng" "libpng-dev")
 find_package(ICU QUIET COMPONENTS uc i18n)
 fluxmpi_need(ICU_FOUND "ICU (Unicode normalisation, case mapping and regex)" "libicu-dev")
 
+# Linked by the fluxmpi_spm shim only (see CMakeLists.txt).
 pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
 fluxmpi_need(SENTENCEPIECE_FOUND "sentencepiece" "libsentencepiece-dev")
 find_library(SENTENCEPIECE_TRAIN_LIBRARY sentencepiece_train HINTS ${SENTENCEPIECE_LIBRARY_DIRS})

@@ -121,6 +121,29 @@ VaeConfig parse_vae_config(const ConfigReader& r) {
   return c;
 }
 
+std::string to_json(const VaeConfig& c) {
+  const std::vector<std::string> up(c.block_out_channels.size(), "UpDecoderBlock2D");
+  const std::vector<std::string> down(c.block_out_channels.size(), "DownEncoderBlock2D");
+  nlohmann::ordered_json j = {{"_class_name", "AutoencoderKL"},
+                              {"act_fn", "silu"},
+                              {"block_out_channels", c.block_out_channels},
+                              {"down_block_types", down},
+                              {"in_channels", c.in_channels},
+                              {"latent_channels", c.latent_channels},
+                              {"latents_mean", nullptr},
+                              {"latents_std", nullptr},
+                              {"layers_per_block", c.layers_per_block},
+                              {"mid_block_add_attention", c.mid_block_add_attention},
+                              {"norm_num_groups", c.norm_num_groups},
+                              {"out_channels", c.out_channels},
+                              {"scaling_factor", c.scaling_factor},
+                              {"shift_factor", c.shift_factor},
+                              {"up_block_types", up},
+                              {"use_post_quant_conv", c.use_post_quant_conv},
+                              {"use_quant_conv", false}};
+  return j.dump(2) + "\n";
+}
+
 ClipTextConfig parse_clip_text_config(const ConfigReader& r) {
   ClipTextConfig c;
   c.vocab_size = r.positive("vocab_size", c.vocab_size);
@@ -137,6 +160,21 @@ ClipTextConfig parse_clip_text_config(const ConfigReader& r) {
   if (c.hidden_size % c.num_attention_heads != 0)
     r.fail("hidden_size", str_cat("(", c.hidden_size, ") must be a multiple of num_attention_heads (", c.num_attention_heads, ")"));
   return c;
+}
+
+std::string to_json(const ClipTextConfig& c) {
+  nlohmann::ordered_json j = {{"architectures", {"CLIPTextModel"}},
+                              {"eos_token_id", c.eos_token_id},
+                              {"hidden_act", c.hidden_act},
+                              {"hidden_size", c.hidden_size},
+                              {"intermediate_size", c.intermediate_size},
+                              {"layer_norm_eps", c.layer_norm_eps},
+                              {"max_position_embeddings", c.max_position_embeddings},
+                              {"model_type", "clip_text_model"},
+                              {"num_attention_heads", c.num_attention_heads},
+                              {"num_hidden_layers", c.num_hidden_layers},
+                              {"vocab_size", c.vocab_size}};
+  return j.dump(2) + "\n";
 }
 
 T5Config parse_t5_config(const ConfigReader& r) {
@@ -164,6 +202,23 @@ T5Config parse_t5_config(const ConfigReader& r) {
   if (c.relative_attention_num_buckets % 2 != 0)
     r.fail("relative_attention_num_buckets", str_cat("must be even, got ", c.relative_attention_num_buckets));
   return c;
+}
+
+std::string to_json(const T5Config& c) {
+  const std::string act = c.act == "gelu_new" && c.gated ? "gelu" : c.act;
+  nlohmann::ordered_json j = {{"architectures", {"T5EncoderModel"}},
+                              {"d_ff", c.d_ff},
+                              {"d_kv", c.d_kv},
+                              {"d_model", c.d_model},
+                              {"feed_forward_proj", (c.gated ? "gated-" : "") + act},
+                              {"layer_norm_epsilon", c.layer_norm_epsilon},
+                              {"model_type", "t5"},
+                              {"num_heads", c.num_heads},
+                              {"num_layers", c.num_layers},
+                              {"relative_attention_max_distance", c.relative_attention_max_distance},
+                              {"relative_attention_num_buckets", c.relative_attention_num_buckets},
+                              {"vocab_size", c.vocab_size}};
+  return j.dump(2) + "\n";
 }
 
 }  // namespace fluxmpi::io

@@ -68,6 +68,7 @@ struct VaeConfig {
   int64_t scale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
 };
 VaeConfig parse_vae_config(const ConfigReader& reader);
+std::string to_json(const VaeConfig& config);
 
 /// transformers CLIPTextConfig.
 struct ClipTextConfig {
@@ -82,6 +83,7 @@ struct ClipTextConfig {
   int64_t eos_token_id = 49407;  ///< 2 = legacy: pool at argmax(ids)
 };
 ClipTextConfig parse_clip_text_config(const ConfigReader& reader);
+std::string to_json(const ClipTextConfig& config);
 
 /// transformers T5Config (encoder side).
 struct T5Config {
@@ -98,5 +100,6 @@ struct T5Config {
   std::string act = "relu";      ///< "relu" | "gelu_new" | "gelu" | "silu"
 };
 T5Config parse_t5_config(const ConfigReader& reader);
+std::string to_json(const T5Config& config);
 
 }  // namespace fluxmpi::io

@@ -3,15 +3,11 @@
 // Semantics of HF T5Tokenizer (legacy=True): sentencepiece pieces, then </s>, padded with <pad>.
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "text/encoding.h"
-
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
+#include "text/sentencepiece_loader.h"
 
 namespace fluxmpi::text {
 
@@ -22,8 +18,6 @@ class T5Tokenizer {
   /// pad_token and unk_token must name the same pieces. `label` names the folder in error
   /// messages (ModelDir::label("tokenizer_2")); empty: the path. Throws TokenizerError.
   explicit T5Tokenizer(const std::string& dir, const std::string& label = "");
-  T5Tokenizer(T5Tokenizer&&) noexcept;
-  ~T5Tokenizer();
 
   /// pieces[:max_length - 1] + [EOS], padded with PAD to `max_length` (>= 2, TokenizerError
   /// otherwise); FluxPipeline's max_sequence_length (256 or 512).
@@ -35,12 +29,12 @@ class T5Tokenizer {
   int64_t pad_id() const { return pad_id_; }
   int64_t unk_id() const { return unk_id_; }
   /// Pieces in spiece.model (32000 for T5; the encoder's embedding table may be larger).
-  int64_t vocab_size() const;
+  int64_t vocab_size() const { return sp_.vocab_size(); }
   const std::string& label() const { return label_; }
 
  private:
   std::string label_;
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  SentencePieceModel sp_;
   int64_t eos_id_ = -1, pad_id_ = -1, unk_id_ = -1;
 };
 

@@ -1,13 +1,13 @@
 #include "text/t5_unigram_trainer.h"
 
 #include <filesystem>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
 
 #include "core/error.h"
+#include "text/sentencepiece_loader.h"
 #include "text/tokenizer_files.h"
 
 namespace fluxmpi::text {
@@ -29,7 +29,7 @@ void train_t5_unigram(const std::string& corpus_path, int64_t vocab_size, const 
     throw UsageError(str_cat("T5 tokenizer corpus '", corpus_path, "': not found or not a file"));
   if (vocab_size < 4) throw UsageError(str_cat("T5 unigram vocab_size must be at least 4, got ", vocab_size));
 
-  const std::unordered_map<std::string, std::string> options = {
+  const std::vector<std::pair<std::string, std::string>> options = {
       {"input", corpus_path},
       {"model_type", "unigram"},
       {"vocab_size", std::to_string(vocab_size)},
@@ -47,11 +47,8 @@ void train_t5_unigram(const std::string& corpus_path, int64_t vocab_size, const 
       {"num_threads", "1"},
       {"minloglevel", "2"},
   };
-  sentencepiece::SetRandomGeneratorSeed(kSeed);
-  std::string model;
-  const sentencepiece::util::Status status = sentencepiece::SentencePieceTrainer::Train(options, nullptr, &model);
-  if (!status.ok())
-    throw UsageError(str_cat("training the T5 tokenizer on '", corpus_path, "' failed: ", status.ToString()));
+  const std::string model =
+      train_sentencepiece(options, kSeed, str_cat("training the T5 tokenizer on '", corpus_path, "'"));
 
   std::filesystem::create_directories(out_dir, ec);
   if (ec) throw IoError(str_cat("cannot create directory '", out_dir, "': ", ec.message()));
