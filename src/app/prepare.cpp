@@ -1,0 +1,199 @@
+#include "app/prepare.h"
+
+#include "app/defaults.h"
+#include "app/options.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "models/common/attention.h"
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::app {
+
+bool PreparedRun::any_encoding() const {
+  for (const auto& p : progress)
+    if (!p.decoded && p.needs_encoding) return true;
+  return false;
+}
+
+bool keep_row(int64_t step, int64_t steps, int64_t every) { return (step + 1) % every == 0 || step == steps - 1; }
+
+void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
+  FLUX_CHECK(r.num_images() > 0, "checkpoint without images");
+  const ckpt::ImageAttributes& a = r.attributes(0);
+  if (c.model.empty()) c.model = r.file().model;
+  if (!c.was_given("height")) c.height = a.height;
+  if (!c.was_given("width")) c.width = a.width;
+  if (!c.was_given("steps")) c.steps = a.num_inference_steps;
+  if (!c.was_given("guidance")) c.guidance = a.guidance_scale;
+  if (!c.was_given("max-sequence-length")) c.max_sequence_length = a.max_sequence_length;
+  if (!c.was_given("seed")) c.seed = a.seed;
+  if (!c.was_given("dtype")) c.dtype = a.dtype;
+  if (!c.was_given("true-cfg") && !c.was_given("negative-prompt") && ckpt::uses_true_cfg(a)) {
+    c.true_cfg = a.true_cfg_scale;
+    c.negative_prompt = a.negative_prompt;
+  }
+  if (!c.was_given("prompt-2") && c.prompts.empty() && a.prompt_2 != a.prompt) c.prompt_2 = a.prompt_2;
+}
+
+namespace {
+
+ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, const flux::LatentGeometry& g) {
+  ckpt::ImageAttributes a;
+  a.prompt = job.prompt;
+  a.prompt_2 = job.prompt_2;
+  a.negative_prompt = c.true_cfg_enabled() ? job.negative_prompt : "";
+  a.seed = job.seed;
+  a.height = g.height;
+  a.width = g.width;
+  a.num_inference_steps = *c.steps;
+  a.guidance_scale = *c.guidance;
+  // The effective scale: 1 when true CFG does not run (no negative prompt), as diffusers decides.
+  a.true_cfg_scale = c.true_cfg_enabled() ? c.true_cfg : 1.0;
+  a.max_sequence_length = *c.max_sequence_length;
+  a.dtype = c.dtype;
+  return a;
+}
+
+// The job of a resumed run whose command line gives no prompts: the checkpoint's prompts; every
+// other option comes from the command line or, when omitted, from the checkpoint (filled in by
+// fill_from_checkpoint), so that check_matches compares what the user asked for.
+std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& r, const RunConfig& c) {
+  std::vector<ImageJob> out;
+  for (int64_t i = 0; i < r.num_images(); ++i) {
+    const auto& a = r.attributes(i);
+    ImageJob j;
+    j.index = i;
+    j.prompt = a.prompt;
+    j.prompt_2 = c.was_given("prompt-2") ? c.prompt_2 : a.prompt_2;
+    j.negative_prompt = c.negative_prompt ? *c.negative_prompt : a.negative_prompt;
+    j.seed = *c.seed + i;
+    j.output_path = image_output_path(c.output, i, r.num_images());
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// Consecutive images that start at the same step, up to `microbatch` per group.
+std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& progress, int64_t steps,
+                                             int64_t microbatch) {
+  std::vector<pipeline::WorkGroup> groups;
+  for (int64_t i = 0; i < static_cast<int64_t>(progress.size()); ++i) {
+    const ImageProgress& p = progress[static_cast<size_t>(i)];
+    if (p.decoded || p.start_step >= steps) continue;
+    if (!groups.empty()) {
+      auto& last = groups.back();
+      if (last.first_image + last.count == i && last.start_step == p.start_step && last.count < microbatch) {
+        ++last.count;
+        continue;
+      }
+    }
+    groups.push_back({i, 1, p.start_step});
+  }
+  return groups;
+}
+
+}  // namespace
+
+Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
+  Preparation out;
+  ParseResult parsed = parse_options(args);
+  if (parsed.action != ParseResult::Action::Run) {
+    out.output = parsed.text;
+    return out;
+  }
+  PreparedRun run;
+  RunConfig& c = run.config;
+  c = parsed.config;
+  log::set_level(c.log_level);
+
+  std::optional<ckpt::CheckpointReader> checkpoint;
+  if (!c.resume.empty()) {
+    checkpoint.emplace(ckpt::CheckpointReader::open(c.resume));
+    fill_from_checkpoint(c, *checkpoint);
+    run.resumed = true;
+  }
+  if (c.dtype.empty()) c.dtype = c.device == "cuda" ? "bf16" : "fp32";
+  const at::ScalarType dtype = nn::parse_dtype(c.dtype);
+  const at::Device device = c.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (c.device == "cuda" && !at::hasCUDA())
+    throw UsageError("--device cuda: this libtorch was built without CUDA (Debian's libtorch-dev is CPU-only)");
+  if (!nn::dtype_supported(dtype, device))
+    throw UsageError(str_cat("--dtype ", c.dtype, ": this libtorch cannot run ", c.dtype, " matmuls on the ",
+                             c.device, " (use bf16 or fp32", c.device == "cpu" ? ", or --device cuda" : "", ")"));
+  if (!c.dry_run && resolve_seed(c)) log::info("no --seed given: using seed ", *c.seed, " (pass --seed ", *c.seed, " to repeat)");
+
+  run.model.emplace(c.model);
+  const io::ModelDir& dir = *run.model;
+  resolve_defaults(c, dir);
+  const io::TransformerConfig& tc = dir.transformer_config();
+  run.geometry = flux::latent_geometry(*c.height, *c.width, dir.vae_config().scale_factor(), tc.latent_channels());
+
+  // The job and where each image stands.
+  if (!c.dry_run) {
+    run.images = (checkpoint && c.prompts.empty()) ? jobs_from_checkpoint(*checkpoint, c) : build_job(c);
+    for (const auto& j : run.images) run.attributes.push_back(attributes_of(j, c, run.geometry));
+  }
+  run.file.model = c.model;
+  run.file.model_config = tc.json_text;
+  run.file.vae_scale_factor = dir.vae_config().scale_factor();
+  run.progress.assign(run.images.size(), ImageProgress{});
+  if (checkpoint) {
+    ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
+    for (size_t i = 0; i < run.images.size(); ++i) {
+      ckpt::ImageState s = checkpoint->state(static_cast<int64_t>(i));
+      ImageProgress& p = run.progress[i];
+      p.decoded = s.status == ckpt::ImageStatus::Decoded;
+      p.needs_encoding = s.status == ckpt::ImageStatus::Encoding;
+      p.start_step = p.needs_encoding ? 0 : s.last_step + 1;
+    }
+  }
+
+  dir.check_consistency(/*with_text=*/c.dry_run || run.any_encoding());
+  {
+    io::TensorStore store = dir.open_weights("transformer");
+    dir.check_transformer_weights(store);
+  }
+
+  dist::PlanRequest request;
+  request.transformer = tc;
+  if (c.dry_run || run.any_encoding()) {
+    request.clip = dir.clip_config();
+    request.t5 = dir.t5_config();
+  }
+  request.vae = dir.vae_config();
+  request.world_size = world_size;
+  request.dtype_bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  request.dtype_label = c.dtype;
+  request.balance = dist::parse_balance(c.balance);
+  request.max_memory = dist::parse_max_memory(c.max_memory, world_size);
+  if (!c.partition.empty()) request.partition = dist::parse_partition(c.partition, world_size, tc.num_blocks());
+  request.image_tokens = run.geometry.tokens();
+  request.text_tokens = *c.max_sequence_length;
+  request.microbatch = c.microbatch;
+  request.keep_encoders = c.keep_encoders;
+  request.attention_chunk_bytes = nn::kAttentionChunkBytes;
+  run.stages.emplace(dist::StagePlan::make(request));
+
+  if (c.dry_run) {
+    out.output = run.stages->table();
+    return out;
+  }
+
+  RunPlan& plan = run.plan;
+  plan.model = c.model;
+  plan.dtype = c.dtype;
+  plan.device = c.device;
+  plan.threads = c.threads;
+  plan.log_level = static_cast<int>(c.log_level);
+  plan.steps = *c.steps;
+  plan.text_tokens = *c.max_sequence_length;
+  plan.latent_height = run.geometry.latent_height;
+  plan.latent_width = run.geometry.latent_width;
+  plan.passes = c.true_cfg_enabled() ? 2 : 1;
+  plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
+  for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
+  out.run = std::move(run);
+  return out;
+}
+
+}  // namespace fluxmpi::app

@@ -1,0 +1,62 @@
+#pragma once
+/// Rank 0's validation of a run, before any heavy work: options, resumed checkpoint, model
+/// configs, the job, the stage plan. Everything a user can get wrong is found here and reported
+/// as one error; nothing is loaded and nothing is written.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/job.h"
+#include "app/run_config.h"
+#include "app/run_plan.h"
+#include "ckpt/checkpoint_reader.h"
+#include "ckpt/format.h"
+#include "dist/partition.h"
+#include "io/model_dir.h"
+#include "models/flux/latents.h"
+
+namespace fluxmpi::app {
+
+/// Where one image of the job stands.
+struct ImageProgress {
+  bool decoded = false;         ///< nothing left to do
+  bool needs_encoding = true;   ///< text embeddings must be computed (not in the checkpoint)
+  int64_t start_step = 0;       ///< first step to run; == steps: only decoding is left
+};
+
+struct PreparedRun {
+  RunConfig config;
+  std::optional<io::ModelDir> model;
+  std::vector<ImageJob> images;
+  std::vector<ckpt::ImageAttributes> attributes;
+  ckpt::FileAttributes file;
+  flux::LatentGeometry geometry;
+  std::vector<ImageProgress> progress;
+  bool resumed = false;
+  RunPlan plan;
+  std::optional<dist::StagePlan> stages;
+
+  bool any_encoding() const;
+};
+
+/// What rank 0 found: a run to do, or text to print and an exit code (help, version, dry run).
+struct Preparation {
+  std::optional<PreparedRun> run;
+  std::string output;  ///< printed on stdout
+  int exit_code = 0;
+};
+
+/// Validates the command line `args` (without the program name) for a job of `world_size`
+/// ranks. Throws fluxmpi::Error subclasses for everything a user can get wrong.
+Preparation prepare_run(const std::vector<std::string>& args, int world_size);
+
+/// With --resume: the options left out of the command line are taken from the checkpoint (model,
+/// sizes, steps, guidance, sequence length, seed, prompts, dtype, true CFG).
+void fill_from_checkpoint(RunConfig& config, const ckpt::CheckpointReader& checkpoint);
+
+/// Whether the row of `step` is kept with --checkpoint-every `every` (steps every-1, 2*every-1,
+/// ..., and always the last).
+bool keep_row(int64_t step, int64_t steps, int64_t every);
+
+}  // namespace fluxmpi::app

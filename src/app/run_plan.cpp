@@ -1,0 +1,50 @@
+#include "app/run_plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace fluxmpi::app {
+
+std::string to_json(const RunPlan& p) {
+  nlohmann::json j;
+  j["model"] = p.model;
+  j["dtype"] = p.dtype;
+  j["device"] = p.device;
+  j["threads"] = p.threads;
+  j["log_level"] = p.log_level;
+  j["steps"] = p.steps;
+  j["text_tokens"] = p.text_tokens;
+  j["latent"] = {p.latent_height, p.latent_width};
+  j["passes"] = p.passes;
+  j["groups"] = nlohmann::json::array();
+  for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
+  j["ranges"] = nlohmann::json::array();
+  for (const auto& r : p.ranges) j["ranges"].push_back({r.first, r.last});
+  return j.dump();
+}
+
+RunPlan run_plan_from_json(const std::string& text) {
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    RunPlan p;
+    p.model = j.at("model").get<std::string>();
+    p.dtype = j.at("dtype").get<std::string>();
+    p.device = j.at("device").get<std::string>();
+    p.threads = j.at("threads").get<int64_t>();
+    p.log_level = j.at("log_level").get<int>();
+    p.steps = j.at("steps").get<int64_t>();
+    p.text_tokens = j.at("text_tokens").get<int64_t>();
+    p.latent_height = j.at("latent").at(0).get<int64_t>();
+    p.latent_width = j.at("latent").at(1).get<int64_t>();
+    p.passes = j.at("passes").get<int>();
+    for (const auto& g : j.at("groups"))
+      p.groups.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<int64_t>()});
+    for (const auto& r : j.at("ranges")) p.ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw CommError(str_cat("malformed run plan from rank 0: ", e.what()));
+  }
+}
+
+}  // namespace fluxmpi::app

@@ -1,0 +1,31 @@
+#pragma once
+/// What rank 0 decides before any heavy work and every rank needs: sent once from rank 0 to all
+/// ranks as JSON, so the other ranks never parse the command line themselves.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/partition.h"
+#include "pipeline/denoise.h"
+
+namespace fluxmpi::app {
+
+struct RunPlan {
+  std::string model;
+  std::string dtype;
+  std::string device;
+  int64_t threads = 0;
+  int log_level = 2;
+  int64_t steps = 0;
+  int64_t text_tokens = 0;
+  int64_t latent_height = 0, latent_width = 0;
+  int passes = 1;
+  std::vector<pipeline::WorkGroup> groups;
+  std::vector<dist::BlockRange> ranges;  ///< blocks of each rank
+};
+
+std::string to_json(const RunPlan& plan);
+RunPlan run_plan_from_json(const std::string& text);
+
+}  // namespace fluxmpi::app

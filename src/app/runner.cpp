@@ -1,0 +1,344 @@
+#include "app/runner.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include "app/prepare.h"
+#include "ckpt/checkpoint_writer.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "core/version.h"
+#include "dist/device.h"
+#include "dist/message.h"
+#include "models/common/loader.h"
+#include "models/common/tensor_utils.h"
+#include "models/flux/transformer.h"
+#include "models/vae/image_processor.h"
+#include "models/vae/vae_decoder.h"
+#include "pipeline/noise.h"
+#include "pipeline/progress.h"
+#include "pipeline/text_stage.h"
+
+namespace fluxmpi::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct StageTime {
+  std::string name;
+  double seconds;
+  uint64_t rss_after;
+};
+
+// Rank 0's state between the phases.
+struct RootRun {
+  PreparedRun prepared;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<pipeline::PromptEmbedding> text;      // per image (fresh ones)
+  std::vector<pipeline::PromptEmbedding> negative;  // per image, true CFG
+  std::optional<pipeline::TextEncoders> kept_encoders;
+  std::vector<StageTime> times;
+};
+
+// Stage 1 on rank 0: each distinct prompt once, with the encoders freed afterwards.
+void encode_prompts(RootRun& root, at::Device device) {
+  PreparedRun& run = root.prepared;
+  if (!run.any_encoding()) return;
+  auto t0 = Clock::now();
+  pipeline::TextEncoders encoders(*run.model, root.dtype, device);
+  const int64_t msl = *run.config.max_sequence_length;
+  std::map<std::pair<std::string, std::string>, pipeline::PromptEmbedding> cache;
+  auto embed = [&](const std::string& p, const std::string& p2, const std::string& what) {
+    auto key = std::make_pair(p, p2);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, encoders.encode(p, p2, msl, what)).first;
+    return it->second;
+  };
+  root.text.resize(run.images.size());
+  root.negative.resize(run.images.size());
+  const bool cfg = run.plan.passes == 2;
+  for (size_t i = 0; i < run.images.size(); ++i) {
+    if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
+    const ImageJob& job = run.images[i];
+    root.text[i] = embed(job.prompt, job.prompt_2, str_cat("image ", i));
+    if (cfg) root.negative[i] = embed(job.negative_prompt, job.negative_prompt, str_cat("image ", i, " (negative prompt)"));
+  }
+  log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_since(t0), " s (text encoders: ",
+            format_bytes(static_cast<uint64_t>(encoders.parameter_bytes())), ")");
+  if (run.config.keep_encoders) root.kept_encoders.emplace(std::move(encoders));
+  root.times.push_back({"encode", seconds_since(t0), current_rss_bytes()});
+}
+
+ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pipeline::PromptEmbedding* neg) {
+  ckpt::TextEmbeddings t;
+  t.prompt_embeds = e.prompt_embeds;
+  t.pooled_prompt_embeds = e.pooled;
+  t.clip_input_ids = e.clip_ids;
+  t.t5_input_ids = e.t5_ids;
+  if (neg != nullptr) {
+    t.negative_prompt_embeds = neg->prompt_embeds;
+    t.negative_pooled_prompt_embeds = neg->pooled;
+  }
+  return t;
+}
+
+// Rank 0 writes rows and reports progress after every step.
+class RootObserver : public pipeline::DenoiseObserver {
+ public:
+  RootObserver(ckpt::CheckpointWriter* writer, int64_t steps, int64_t every, pipeline::Progress& progress)
+      : writer_(writer), steps_(steps), every_(every), progress_(progress) {}
+  void on_step(const pipeline::WorkGroup& g, int64_t step, const at::Tensor& latents, const at::Tensor& v) override {
+    if (writer_ != nullptr && keep_row(step, steps_, every_)) {
+      for (int64_t j = 0; j < g.count; ++j) writer_->append_step(g.first_image + j, step, latents[j], v[j]);
+    }
+    progress_.advance(g.count, str_cat("image ", g.first_image, g.count > 1 ? str_cat("-", g.first_image + g.count - 1) : "",
+                                       " step ", step + 1, "/", steps_));
+  }
+
+ private:
+  ckpt::CheckpointWriter* writer_;
+  int64_t steps_, every_;
+  pipeline::Progress& progress_;
+};
+
+std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run, size_t i) {
+  const ckpt::ImageAttributes& a = run.attributes[i];
+  std::vector<std::pair<std::string, std::string>> t = {
+      {"prompt", a.prompt},
+      {"prompt_2", a.prompt_2},
+      {"seed", std::to_string(a.seed)},
+      {"steps", std::to_string(a.num_inference_steps)},
+      {"guidance", str_cat(a.guidance_scale)},
+      {"size", str_cat(a.width, "x", a.height)},
+      {"model", run.file.model},
+      {"dtype", a.dtype},
+      {"software", str_cat("fluxmpi ", kVersion)},
+  };
+  if (ckpt::uses_true_cfg(a)) {
+    t.push_back({"negative_prompt", a.negative_prompt});
+    t.push_back({"true_cfg_scale", str_cat(a.true_cfg_scale)});
+  }
+  return t;
+}
+
+void print_summary(const RootRun& root, double total) {
+  std::string s = "summary:";
+  for (const auto& t : root.times) s += str_cat(" ", t.name, " ", pipeline::format_duration(t.seconds), " (", t.seconds, " s)");
+  s += str_cat("; total ", total, " s; peak RSS of rank 0 ", format_bytes(peak_rss_bytes()));
+  log::info(s);
+}
+
+}  // namespace
+
+int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
+  const auto start = Clock::now();
+  const int rank = env.rank(), P = env.size();
+
+  // Phase 1: rank 0 validates; every rank learns the outcome.
+  std::unique_ptr<RootRun> root;
+  std::string message;  // JSON plan, or empty with an exit code
+  int code = kExitOk;
+  if (rank == 0) {
+    try {
+      Preparation prep = prepare_run(args, P);
+      if (!prep.output.empty()) std::fputs(prep.output.c_str(), stdout), std::fflush(stdout);
+      code = prep.exit_code;
+      if (prep.run) {
+        root = std::make_unique<RootRun>();
+        root->prepared = std::move(*prep.run);
+        root->dtype = nn::parse_dtype(root->prepared.config.dtype);
+        root->times.push_back({"validate", seconds_since(start), current_rss_bytes()});
+        message = to_json(root->prepared.plan);
+      }
+    } catch (const Error& e) {
+      log::report(e);
+      code = e.exit_code();
+    } catch (const std::exception& e) {
+      log::report(InternalError(e.what()));
+      code = kExitFailure;
+    }
+  }
+  std::vector<int64_t> status = env.broadcast_int64s({code, message.empty() ? 0 : 1});
+  if (status[0] != kExitOk || status[1] == 0) return static_cast<int>(status[0]);
+  const RunPlan plan = run_plan_from_json(env.broadcast_string(message));
+  log::set_level(static_cast<log::Level>(plan.log_level));
+
+  // Phase 2: encode (rank 0), load every slice; then agree on the outcome.
+  const at::ScalarType dtype = nn::parse_dtype(plan.dtype);
+  at::Device device = at::kCPU;
+  flux::FluxTransformer part{nullptr};
+  std::optional<dist::StagePlan> stages;
+  pipeline::Fault fault;
+  code = kExitOk;
+  auto t_load = Clock::now();
+  try {
+    fault = pipeline::Fault::from_environment();
+    device = dist::select_device(plan.device, env);
+    dist::apply_threads(dist::resolve_threads(static_cast<int>(plan.threads), env));
+    if (rank == 0) encode_prompts(*root, device);
+    t_load = Clock::now();
+    io::ModelDir dir(plan.model);
+    dist::PlanRequest request;
+    request.transformer = dir.transformer_config();
+    request.world_size = P;
+    request.partition = plan.ranges;
+    stages.emplace(dist::StagePlan::make(request));
+    const dist::StageBlocks& b = stages->blocks(rank);
+    flux::TransformerPart tp{b.first, b.last + 1, stages->owns_embedders(rank), stages->owns_final_layer(rank)};
+    nn::LoadStats stats;
+    part = flux::load_flux_transformer(dir, tp, dtype, device, &stats);
+    log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
+               seconds_since(t_load), " s");
+  } catch (const Error& e) {
+    log::report(e);
+    code = e.exit_code();
+  } catch (const std::exception& e) {
+    log::report(InternalError(e.what()));
+    code = kExitFailure;
+  }
+  code = env.agree(code);
+  if (code != kExitOk) return code;
+  if (rank == 0) root->times.push_back({"load", seconds_since(t_load), current_rss_bytes()});
+
+  // Phase 3: the denoising loop. From here on a failure on any rank aborts the whole job.
+  try {
+    pipeline::DenoiseSetup setup;
+    setup.steps = plan.steps;
+    setup.text_tokens = plan.text_tokens;
+    setup.latent_height = plan.latent_height;
+    setup.latent_width = plan.latent_width;
+    setup.passes = plan.passes;
+    setup.groups = plan.groups;
+    setup.dtype = dtype;
+    setup.device = device;
+    setup.fault = fault;
+    std::unique_ptr<dist::Messenger> messenger;
+    if (P > 1) messenger = std::make_unique<dist::Messenger>(env);
+
+    if (rank != 0) {
+      auto t0 = Clock::now();
+      pipeline::denoise(setup, part, *stages, rank, messenger.get(), nullptr);
+      messenger.reset();
+      log::debug("denoised in ", seconds_since(t0), " s; peak RSS ", format_bytes(peak_rss_bytes()));
+      return kExitOk;
+    }
+
+    PreparedRun& run = root->prepared;
+    const RunConfig& c = run.config;
+    std::optional<ckpt::CheckpointWriter> writer;
+    const std::string& ckpt_path = c.checkpoint_file();
+    if (run.resumed) writer.emplace(ckpt::CheckpointWriter::resume(ckpt_path, run.file, run.attributes));
+    else if (!ckpt_path.empty()) writer.emplace(ckpt::CheckpointWriter::create(ckpt_path, run.file, run.attributes));
+
+    // Inputs of every image: fresh ones from stage 1 and their seeds, resumed ones from the file.
+    const sched::Schedule schedule = sched::flux_schedule(run.model->scheduler_config(), plan.steps, run.geometry.tokens());
+    const size_t n = run.images.size();
+    std::vector<at::Tensor> latents(n), text(n), pooled(n), neg_text(n), neg_pooled(n);
+    for (size_t i = 0; i < n; ++i) {
+      const ImageProgress& p = run.progress[i];
+      if (p.decoded) continue;
+      if (p.needs_encoding) {
+        latents[i] = pipeline::initial_latents(run.images[i].seed, run.geometry, dtype);
+        text[i] = root->text[i].prompt_embeds;
+        pooled[i] = root->text[i].pooled;
+        if (plan.passes == 2) {
+          neg_text[i] = root->negative[i].prompt_embeds;
+          neg_pooled[i] = root->negative[i].pooled;
+        }
+        if (writer) {
+          writer->write_text(static_cast<int64_t>(i), to_checkpoint(root->text[i], plan.passes == 2 ? &root->negative[i] : nullptr));
+          writer->write_schedule(static_cast<int64_t>(i), at::tensor(schedule.timesteps), at::tensor(schedule.sigmas));
+          writer->write_initial(static_cast<int64_t>(i), latents[i][0]);
+          writer->set_status(static_cast<int64_t>(i), ckpt::ImageStatus::Denoising);
+        }
+      } else {
+        const ckpt::CheckpointReader& r = writer->contents();
+        ckpt::TextEmbeddings stored = r.text(static_cast<int64_t>(i));
+        latents[i] = r.latest_latents(static_cast<int64_t>(i)).to(dtype).unsqueeze(0);
+        text[i] = stored.prompt_embeds.to(dtype);
+        pooled[i] = stored.pooled_prompt_embeds.to(dtype);
+        if (plan.passes == 2) {
+          neg_text[i] = stored.negative_prompt_embeds.to(dtype);
+          neg_pooled[i] = stored.negative_pooled_prompt_embeds.to(dtype);
+        }
+      }
+    }
+    root->text.clear();
+    root->negative.clear();
+
+    pipeline::RootState state;
+    state.schedule = schedule;
+    if (run.model->transformer_config().guidance_embeds) state.guidance = *c.guidance;
+    state.true_cfg_scale = c.true_cfg;
+    int64_t total = 0;
+    for (const auto& g : plan.groups) {
+      total += g.count * (plan.steps - g.start_step);
+      auto gather = [&](const std::vector<at::Tensor>& per_image, bool batch_dim) {
+        if (!per_image[static_cast<size_t>(g.first_image)].defined()) return at::Tensor();
+        std::vector<at::Tensor> parts;
+        for (int64_t j = 0; j < g.count; ++j) {
+          const at::Tensor& t = per_image[static_cast<size_t>(g.first_image + j)];
+          parts.push_back(batch_dim ? t : t.unsqueeze(0));
+        }
+        return at::cat(parts, 0).to(device);
+      };
+      pipeline::GroupInputs in;
+      in.latents = gather(latents, true);
+      in.text = gather(text, false);
+      in.pooled = gather(pooled, false);
+      in.neg_text = gather(neg_text, false);
+      in.neg_pooled = gather(neg_pooled, false);
+      state.groups.push_back(std::move(in));
+    }
+    pipeline::Progress progress(total, !c.no_progress);
+    RootObserver observer(writer ? &*writer : nullptr, plan.steps, c.checkpoint_every, progress);
+    state.observer = &observer;
+    auto t_denoise = Clock::now();
+    pipeline::denoise(setup, part, *stages, rank, messenger.get(), &state);
+    messenger.reset();
+    progress.finish();
+    root->times.push_back({"denoise", seconds_since(t_denoise), current_rss_bytes()});
+
+    // Final latents of every image still to decode.
+    for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
+      const auto& g = plan.groups[gi];
+      for (int64_t j = 0; j < g.count; ++j) latents[static_cast<size_t>(g.first_image + j)] = state.groups[gi].latents[j].unsqueeze(0);
+    }
+    state.groups.clear();
+    part = nullptr;  // stage-wise memory: the transformer slice goes before the VAE comes
+
+    // Phase 4: decode.
+    auto t_decode = Clock::now();
+    std::optional<vae::VaeDecoder> decoder;
+    for (size_t i = 0; i < n; ++i) {
+      if (run.progress[i].decoded) continue;
+      if (!decoder) decoder.emplace(vae::load_vae_decoder(*run.model, dtype, device));
+      c10::InferenceMode guard;
+      io::RgbImage image = vae::decode_image(*decoder, latents[i].to(device), run.geometry, run.model->vae_config());
+      io::write_png(run.images[i].output_path, image, png_text(run, i));
+      if (writer) {
+        writer->write_image(static_cast<int64_t>(i), image);
+        writer->set_status(static_cast<int64_t>(i), ckpt::ImageStatus::Decoded);
+      }
+      log::info("wrote ", run.images[i].output_path);
+    }
+    if (decoder) root->times.push_back({"decode", seconds_since(t_decode), current_rss_bytes()});
+    if (writer) writer->close();
+    print_summary(*root, seconds_since(start));
+    return kExitOk;
+  } catch (const Error& e) {
+    log::report(e);
+    env.abort(e.exit_code());
+  } catch (const std::exception& e) {
+    log::report(InternalError(e.what()));
+    env.abort(kExitFailure);
+  }
+}
+
+}  // namespace fluxmpi::app

@@ -1,0 +1,22 @@
+#pragma once
+/// The `fluxmpi` command on one rank, from the command line to the PNGs (DESIGN.md §2-§6):
+///   1. rank 0 validates everything (prepare_run) and sends the plan to every rank;
+///   2. rank 0 encodes the prompts and frees the text encoders, every rank loads its transformer
+///      slice; the ranks then agree on one exit code, so a bad shard on any rank ends every rank
+///      with the same code and its message;
+///   3. the denoising loop (pipeline/denoise.h), rank 0 writing the checkpoint rows; a failure on
+///      any rank from here on ends the job through MPI_Abort;
+///   4. rank 0 loads the VAE and decodes every image to its PNG.
+
+#include <string>
+#include <vector>
+
+#include "dist/mpi_env.h"
+
+namespace fluxmpi::app {
+
+/// Runs the command `args` (without the program name). Returns the exit code, the same on every
+/// rank; errors are reported here (main only maps what escapes, which are bugs).
+int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env);
+
+}  // namespace fluxmpi::app

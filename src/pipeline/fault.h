@@ -1,0 +1,30 @@
+#pragma once
+/// Fault injection for the reliability tests: FLUXMPI_FAULT="<kind>@<rank>:<step>" makes rank
+/// <rank> misbehave when it reaches denoising step <step>:
+///   throw   raise an InternalError (the rank reports it and aborts the job)
+///   kill    SIGKILL itself (the launcher must end the job; the checkpoint must stay readable)
+///   header  send its next message with a wrong step in the header (the receiver's CommError)
+/// Unset: no fault. Each rank reads its own environment (mpirun passes it to every rank).
+
+#include <cstdint>
+#include <string>
+
+namespace fluxmpi::pipeline {
+
+struct Fault {
+  enum class Kind { None, Throw, Kill, Header };
+  Kind kind = Kind::None;
+  int rank = -1;
+  int64_t step = -1;
+
+  /// Parses "<kind>@<rank>:<step>"; UsageError naming FLUXMPI_FAULT otherwise.
+  static Fault parse(const std::string& text);
+  /// From the environment variable FLUXMPI_FAULT.
+  static Fault from_environment();
+  bool fires(int at_rank, int64_t at_step) const { return kind != Kind::None && rank == at_rank && step == at_step; }
+};
+
+/// Throws or kills when `fault` fires here (Header faults are the messenger user's business).
+void trigger(const Fault& fault, int rank, int64_t step);
+
+}  // namespace fluxmpi::pipeline
