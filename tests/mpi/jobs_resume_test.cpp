@@ -1,0 +1,158 @@
+// Checkpoints survive a killed job and resume to a bit-identical result (DESIGN.md §5): a rank is
+// killed with SIGKILL in the middle of denoising (by the fault hook, and from outside while a
+// step runs); an SWMR reader and fluxmpi-inspect open the file; `--resume` on 1, 2 or 3 ranks
+// finishes the job with the same latents and PNG as an uninterrupted run.
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "ckpt/checkpoint_reader.h"
+#include "job_runner.h"
+#include "support/tensor_compare.h"
+
+namespace fluxmpi::test {
+namespace fs = std::filesystem;
+namespace {
+
+class Resume : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("resume");
+    JobResult r = run_program(make_tiny_model_bin(), {"--out", *dir_ / "model", "--preset", "tiny"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // A model slow enough (~0.1-0.5 s a step) to be killed from outside in the middle of a step.
+    r = run_program(make_tiny_model_bin(), {"--out", *dir_ / "slow", "--preset", "tiny", "--heads", "4", "--head-dim", "64",
+                                            "--double", "2", "--single", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The uninterrupted reference runs.
+    auto ref = args("ref", "model", "6");
+    JobResult done = run_fluxmpi(2, ref);
+    ASSERT_EQ(done.exit_code, 0) << done.output;
+    ASSERT_EQ(run_fluxmpi(2, args("slowref", "slow", "8", "256")).exit_code, 0);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::vector<std::string> args(const std::string& tag, const std::string& model, const std::string& steps,
+                                       const std::string& size = "64") {
+    return {"--model", *dir_ / model, "--prompt", "an old stone bridge", "--num-images", "2", "--height", size, "--width", size,
+            "--steps", steps, "--seed", "5", "--no-progress", "--checkpoint", *dir_ / (tag + ".h5"), "-o", *dir_ / (tag + "-{i}.png")};
+  }
+  static std::vector<std::string> resume_args(const std::string& tag) {
+    return {"--resume", *dir_ / (tag + ".h5"), "--no-progress", "-o", *dir_ / (tag + "-{i}.png")};
+  }
+  static void expect_same_as(const std::string& tag, const std::string& ref) {
+    EXPECT_TRUE(identical(tag + ": latents/steps", all_latent_rows(*dir_ / (tag + ".h5")), all_latent_rows(*dir_ / (ref + ".h5"))));
+    for (const char* i : {"-00000.png", "-00001.png"})
+      EXPECT_TRUE(identical(tag + ": PNG " + i, png_pixels(*dir_ / (tag + i)), png_pixels(*dir_ / (ref + i))));
+  }
+  static TempDir* dir_;
+};
+TempDir* Resume::dir_ = nullptr;
+
+TEST_F(Resume, KilledRankThenResumeOnEveryRankCount) {
+  JobResult killed = run_fluxmpi(2, args("k", "model", "6"), 60, {"FLUXMPI_FAULT=kill@1:3"});
+  ASSERT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_LT(killed.seconds, 30) << killed.output;
+  {
+    ckpt::CheckpointReader r = ckpt::CheckpointReader::open(*dir_ / "k.h5");  // SWMR reader on the killed file
+    EXPECT_EQ(r.state(0).status, ckpt::ImageStatus::Denoising);
+    EXPECT_GE(r.state(0).last_step, 1);
+    EXPECT_LT(r.state(1).last_step, 5);
+  }
+  JobResult inspect = run_program(inspect_bin(), {*dir_ / "k.h5"});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  for (int ranks : {1, 2, 3}) {
+    const std::string tag = "k" + std::to_string(ranks);
+    fs::copy_file(*dir_ / "k.h5", *dir_ / (tag + ".h5"));
+    JobResult r = run_fluxmpi(ranks, resume_args(tag));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_as(tag, "ref");
+  }
+}
+
+TEST_F(Resume, SparseRowsResumeFromTheLastSavedStep) {
+  auto a = args("sparse", "model", "6");
+  a.insert(a.end(), {"--checkpoint-every", "2"});
+  JobResult killed = run_fluxmpi(2, a, 60, {"FLUXMPI_FAULT=kill@1:5"});
+  ASSERT_NE(killed.exit_code, 0);
+  {
+    ckpt::CheckpointReader r = ckpt::CheckpointReader::open(*dir_ / "sparse.h5");
+    EXPECT_EQ(r.step_indices(0), (std::vector<int64_t>{1, 3}));
+  }
+  auto again = resume_args("sparse");  // --checkpoint-every is not stored: it is given again
+  again.insert(again.end(), {"--checkpoint-every", "2"});
+  JobResult r = run_fluxmpi(2, again);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ckpt::CheckpointReader done = ckpt::CheckpointReader::open(*dir_ / "sparse.h5");
+  EXPECT_EQ(done.step_indices(0), (std::vector<int64_t>{1, 3, 5}));
+  EXPECT_TRUE(identical("final latents", done.latest_latents(1),
+                        ckpt::CheckpointReader::open(*dir_ / "ref.h5").latest_latents(1)));
+}
+
+// Rank 1 of a running job killed from outside while a step computes.
+TEST_F(Resume, ExternalSigkillInTheMiddleOfAStep) {
+  auto a = args("ext", "slow", "8", "256");
+  const std::string log = *dir_ / "ext.log";
+  const int launcher = start_fluxmpi(2, a, log);
+  ASSERT_GT(launcher, 0);
+  // Wait until two steps of image 0 are committed, then kill rank 1.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int victim = -1;
+  while (std::chrono::steady_clock::now() < deadline && victim < 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!fs::exists(*dir_ / "ext.h5")) continue;
+    try {
+      if (ckpt::CheckpointReader::open(*dir_ / "ext.h5").state(0).last_step < 1) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      std::ifstream env(e.path() / "environ");
+      std::string text((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+      std::ifstream cmd(e.path() / "cmdline");
+      std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+      if (line.find(*dir_ / "ext.h5") != std::string::npos && line.find("mpirun") == std::string::npos &&
+          text.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos)
+        victim = std::stoi(e.path().filename());
+    }
+  }
+  ASSERT_GT(victim, 0) << "rank 1 not found";
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  int status = 0;
+  while (::waitpid(launcher, &status, WNOHANG) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(10)) << "the job did not end within 10 s";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(WIFEXITED(status) ? WEXITSTATUS(status) : 1, 0);
+  ckpt::CheckpointReader r = ckpt::CheckpointReader::open(*dir_ / "ext.h5");
+  EXPECT_NE(r.state(1).status, ckpt::ImageStatus::Decoded);
+  auto resume = resume_args("ext");
+  JobResult done = run_fluxmpi(1, resume, 300);
+  ASSERT_EQ(done.exit_code, 0) << done.output;
+  expect_same_as("ext", "slowref");
+}
+
+TEST_F(Resume, RefusesAnotherJobsCheckpoint) {
+  fs::copy_file(*dir_ / "ref.h5", *dir_ / "other.h5");
+  auto a = resume_args("other");
+  a.insert(a.end(), {"--seed", "6"});
+  JobResult r = run_fluxmpi(1, a, 60);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("'seed' is 5 in the checkpoint, the command line asks for 6"), std::string::npos) << r.output;
+}
+
+TEST_F(Resume, AFinishedCheckpointHasNothingLeft) {
+  fs::copy_file(*dir_ / "ref.h5", *dir_ / "finished.h5");
+  JobResult r = run_fluxmpi(2, resume_args("finished"), 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(*dir_ / "finished-00000.png")) << "decoded images are not made again";
+}
+
+}  // namespace
+}  // namespace fluxmpi::test
