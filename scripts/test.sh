@@ -15,4 +15,4 @@ if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 1800 "$@"
+ctest --output-on-failure --timeout 1800 -j "$JOBS" "$@"

@@ -179,8 +179,10 @@ struct Messenger::Pending {
 };
 
 Messenger::Messenger(const MpiEnv& env, size_t max_outstanding)
-    : env_(env), max_outstanding_(max_outstanding), cuda_aware_(mpi_is_cuda_aware()),
-      uncaught_at_start_(std::uncaught_exceptions()) {}
+    : env_(env), max_outstanding_(max_outstanding), uncaught_at_start_(std::uncaught_exceptions()) {
+  FLUX_CHECK(env.mpi_initialised(), "messages need MPI: this process was not started by an MPI launcher");
+  cuda_aware_ = mpi_is_cuda_aware();
+}
 
 Messenger::~Messenger() {
   if (std::uncaught_exceptions() > uncaught_at_start_) {

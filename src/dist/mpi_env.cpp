@@ -40,6 +40,14 @@ std::vector<uint64_t> affinity_words() {
   return words;
 }
 
+// Whether an MPI launcher started this process (Open MPI, MPICH/Hydra, PMI/PMIx, Slurm's srun).
+bool launched_by_mpi() {
+  if (const char* force = std::getenv("FLUXMPI_MPI"); force && std::string(force) == "1") return true;
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
 int count_bits(const std::vector<uint64_t>& words) {
   int n = 0;
   for (uint64_t w : words) n += __builtin_popcountll(w);
@@ -49,6 +57,16 @@ int count_bits(const std::vector<uint64_t>& words) {
 }  // namespace
 
 MpiEnv::MpiEnv(int* argc, char*** argv) : comms_(std::make_unique<Comms>()) {
+  if (!launched_by_mpi()) {
+    mpi_ = false;
+    uncaught_at_start_ = std::uncaught_exceptions();
+    log::set_rank(0, 1);
+    char name[256] = {0};
+    ::gethostname(name, sizeof name - 1);
+    node_name_ = name;
+    affinity_cpus_ = node_cpus_ = count_bits(affinity_words());
+    return;
+  }
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (initialised) throw InternalError("MPI is already initialised: create one MpiEnv per process");
@@ -83,6 +101,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) : comms_(std::make_unique<Comms>()) {
 }
 
 MpiEnv::~MpiEnv() {
+  if (!mpi_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
@@ -101,6 +120,7 @@ std::string MpiEnv::broadcast_string(const std::string& value) const {
 }
 
 std::vector<uint8_t> MpiEnv::broadcast_bytes(const std::vector<uint8_t>& value) const {
+  if (!mpi_) return value;
   int64_t size = static_cast<int64_t>(value.size());
   check_mpi(MPI_Bcast(&size, 1, MPI_INT64_T, 0, comms_->world), "MPI_Bcast (size)");
   std::vector<uint8_t> out = rank_ == 0 ? value : std::vector<uint8_t>(static_cast<size_t>(size));
@@ -114,6 +134,7 @@ std::vector<uint8_t> MpiEnv::broadcast_bytes(const std::vector<uint8_t>& value) 
 }
 
 std::vector<int64_t> MpiEnv::broadcast_int64s(const std::vector<int64_t>& value) const {
+  if (!mpi_) return value;
   int64_t size = static_cast<int64_t>(value.size());
   check_mpi(MPI_Bcast(&size, 1, MPI_INT64_T, 0, comms_->world), "MPI_Bcast (size)");
   FLUX_CHECK(size >= 0 && size < (int64_t{1} << 31), "broadcast of ", size, " int64 values");
@@ -124,16 +145,19 @@ std::vector<int64_t> MpiEnv::broadcast_int64s(const std::vector<int64_t>& value)
 
 int MpiEnv::agree(int local_exit_code) const {
   int result = local_exit_code;
+  if (!mpi_) return result;
   check_mpi(MPI_Allreduce(&local_exit_code, &result, 1, MPI_INT, MPI_MAX, comms_->world), "MPI_Allreduce (agree)");
   return result;
 }
 
-void MpiEnv::barrier() const { check_mpi(MPI_Barrier(comms_->world), "MPI_Barrier"); }
+void MpiEnv::barrier() const {
+  if (mpi_) check_mpi(MPI_Barrier(comms_->world), "MPI_Barrier");
+}
 
 void MpiEnv::abort(int code) const {
   std::fflush(stdout);
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, code);
+  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this only guards a broken MPI
 }
 

@@ -3,8 +3,10 @@
 /// sits (world and node), and the few collectives the program needs. Created once in main and
 /// passed by reference; <mpi.h> stays inside src/dist/*.cpp.
 ///
-/// A program started without mpirun runs as rank 0 of 1 (Open MPI singleton init); nothing else
-/// changes, and P = 1 sends no messages.
+/// A program started without an MPI launcher (no mpirun/mpiexec/srun environment) runs as rank 0
+/// of 1 without initialising MPI at all: Open MPI's singleton start-up costs ~2 s and P = 1 needs
+/// no MPI (collectives are identities, abort exits). FLUXMPI_MPI=1 forces MPI initialisation
+/// (singleton) anyway.
 
 #include <cstdint>
 #include <memory>
@@ -25,6 +27,8 @@ class MpiEnv {
   MpiEnv(const MpiEnv&) = delete;
   MpiEnv& operator=(const MpiEnv&) = delete;
 
+  /// False in a single process started without an MPI launcher (MPI not initialised).
+  bool mpi_initialised() const { return mpi_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_root() const { return rank_ == 0; }
@@ -65,6 +69,7 @@ class MpiEnv {
   int affinity_cpus_ = 1;
   std::string node_name_;
   int uncaught_at_start_ = 0;
+  bool mpi_ = true;
 };
 
 }  // namespace fluxmpi::dist

@@ -76,4 +76,6 @@ std::string case_test_name(const testing::TestParamInfo<CaseRef>& info) {
 
 std::string case_label(const CaseRef& c) { return c.pipeline + "/" + c.name; }
 
+void PrintTo(const CaseRef& c, std::ostream* os) { *os << (c.pipeline.empty() ? "no fixtures" : case_label(c)); }
+
 }  // namespace fluxmpi::test

@@ -38,6 +38,8 @@ std::vector<CaseRef> cases_of_kind(const std::string& kind);
 std::string case_test_name(const testing::TestParamInfo<CaseRef>& info);
 /// "tiny-flux-dev/sq64_s4_g3.5_seed0"
 std::string case_label(const CaseRef& c);
+/// How gtest prints a case parameter (in test listings and failures).
+void PrintTo(const CaseRef& c, std::ostream* os);
 
 std::string missing_fixtures_message();
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""The benchmarks of docs/performance.md, measured in one run so that their ratios are fair on a
+noisy machine. Standard library only.
+
+  tools/bench/bench.py [--build build] [--work /tmp/fluxmpi-bench] [--repeat 2]
+
+Makes the benchmark model (make-tiny-model --preset bench) and measures, with 1 thread per rank:
+  1. throughput of 4 images: 2 ranks against 1 rank (target >= 1.8x);
+  2. time of one image: 2 ranks against 1 rank (target <= 1.05x: the pipeline's own overhead);
+  3. per-rank peak RSS against the weight bytes of its slice (target <= 1.15x + 400 MB), and the
+     --dry-run estimate against the measured peak (target within 20 %);
+  4. the transformer forward's FLOP rate against the matmul peak (fluxmpi-bench-matmul).
+Times are the denoising stage as fluxmpi reports it (start-up, encoding and decoding excluded);
+each configuration runs --repeat times and the best time is kept.
+"""
+import argparse, os, re, shutil, subprocess, sys, time
+
+MiB = 1024.0 * 1024.0
+UNITS = {"B": 1, "KiB": 1024.0, "MiB": MiB, "GiB": MiB * 1024, "TiB": MiB * 1024 * 1024}
+
+
+def to_bytes(number, unit):
+    return float(number) * UNITS[unit]
+
+
+def run(cmd, env=None):
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit("bench: command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
+    return p.stdout, time.time() - t0
+
+
+def fluxmpi(build, ranks, args):
+    exe = os.path.join(build, "fluxmpi")
+    cmd = [exe, "--threads", "1"] + args
+    if ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "--bind-to", "none", "--oversubscribe"] + \
+              (["--allow-run-as-root"] if os.geteuid() == 0 else []) + cmd
+    out, wall = run(cmd)
+    m = re.search(r"denoise [0-9:]+ \(([0-9.e+-]+) s\)", out)
+    if not m:
+        sys.exit("bench: no denoise time in the output:\n" + out)
+    return float(m.group(1)), wall, out
+
+
+def rank_memory(out, ranks):
+    """Per rank: (slice weight bytes, peak RSS bytes) from the --log-level debug lines."""
+    weights, peaks = {}, {}
+    for m in re.finditer(r"fluxmpi\[rank (\d+)/\d+\]: loaded blocks .*?: \d+ tensors, ([0-9.]+) (\w+)", out):
+        weights[int(m.group(1))] = to_bytes(m.group(2), m.group(3))
+    for m in re.finditer(r"fluxmpi\[rank (\d+)/\d+\]: .*peak RSS(?: of rank \d+)? ([0-9.]+) (\w+)", out):
+        peaks[int(m.group(1))] = to_bytes(m.group(2), m.group(3))
+    return [(weights.get(r), peaks.get(r)) for r in range(ranks)]
+
+
+def dry_run_peaks(build, ranks, args):
+    exe = os.path.join(build, "fluxmpi")
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + \
+          [exe, "--dry-run"] + args
+    out, _ = run(cmd)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--work", default="/tmp/fluxmpi-bench")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--size", type=int, default=256, help="image height and width")
+    ap.add_argument("--steps", type=int, default=4)
+    a = ap.parse_args()
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    model = os.path.join(a.work, "model")
+    if not os.path.exists(os.path.join(model, "model_index.json")):
+        shutil.rmtree(model, ignore_errors=True)
+        os.makedirs(a.work, exist_ok=True)
+        run([os.path.join(a.build, "tools", "make_tiny_model", "make-tiny-model"), "--out", model, "--preset", "bench"])
+    base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(a.size), "--width", str(a.size),
+            "--steps", str(a.steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug",
+            "-o", os.path.join(a.work, "bench-{i}.png")]
+
+    def best(ranks, extra):
+        times = [fluxmpi(a.build, ranks, base + extra) for _ in range(a.repeat)]
+        return min(times, key=lambda t: t[0])
+
+    print("# fluxmpi benchmark: %s, %d x %d, %d steps, 1 thread per rank, best of %d" % (model, a.size, a.size, a.steps, a.repeat))
+    one_1, _, _ = best(1, [])
+    one_2, _, out_2 = best(2, [])
+    four_1, _, _ = best(1, ["--num-images", "4"])
+    four_2, _, _ = best(2, ["--num-images", "4"])
+    print("| measurement | 1 rank | 2 ranks | ratio | target |")
+    print("|---|---|---|---|---|")
+    print("| 4 images, denoising time | %.2f s | %.2f s | %.2fx throughput | >= 1.8x |" % (four_1, four_2, four_1 / four_2))
+    print("| 1 image, denoising time | %.2f s | %.2f s | %.3fx time | <= 1.05x |" % (one_1, one_2, one_2 / one_1))
+    print()
+    dry = dry_run_peaks(a.build, 2, base[:-2] + ["--num-images", "1"])
+    est = [to_bytes(m.group(1), m.group(2))
+           for m in re.finditer(r"^\s*\d+\s.*?([0-9.]+) (B|KiB|MiB|GiB|TiB)\s+(?:encode|denoise|decode)\b", dry, re.M)]
+    print("| rank | slice weights | peak RSS | RSS / (1.15 x weights + 400 MB) | dry-run estimate | estimate / RSS |")
+    print("|---|---|---|---|---|---|")
+    for r, (w, p) in enumerate(rank_memory(out_2, 2)):
+        bound = 1.15 * w + 400e6 if w else None
+        e = est[r] if r < len(est) else None
+        print("| %d | %s | %s | %s | %s | %s |" % (r, "%.1f MiB" % (w / MiB) if w else "?", "%.1f MiB" % (p / MiB) if p else "?",
+              "%.2f" % (p / bound) if p and bound else "?", "%.1f MiB" % (e / MiB) if e else "?",
+              "%.2f" % (e / p) if e and p else "?"))
+    print()
+    print("--dry-run table of the 2-rank run:")
+    print(dry)
+    for dtype in ("fp32", "bf16"):
+        out, _ = run([os.path.join(a.build, "tools", "bench", "fluxmpi-bench-matmul"), "--model", model, "--height", str(a.size),
+                      "--width", str(a.size), "--msl", "128", "--dtype", dtype, "--threads", "1"])
+        print(out.strip())
+
+
+if __name__ == "__main__":
+    main()
