@@ -127,6 +127,16 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
   return t;
 }
 
+// Reports an error caught in a collective phase; returns its exit code.
+int report(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const Error*>(&e)) {
+    log::report(*error);
+    return error->exit_code();
+  }
+  log::report(InternalError(e.what()));
+  return kExitFailure;
+}
+
 void print_summary(const RootRun& root, double total) {
   std::string s = "summary:";
   for (const auto& t : root.times) s += str_cat(" ", t.name, " ", pipeline::format_duration(t.seconds), " (", t.seconds, " s)");
@@ -156,12 +166,8 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
         root->times.push_back({"validate", seconds_since(start), current_rss_bytes()});
         message = to_json(root->prepared.plan);
       }
-    } catch (const Error& e) {
-      log::report(e);
-      code = e.exit_code();
     } catch (const std::exception& e) {
-      log::report(InternalError(e.what()));
-      code = kExitFailure;
+      code = report(e);
     }
   }
   std::vector<int64_t> status = env.broadcast_int64s({code, message.empty() ? 0 : 1});
@@ -195,12 +201,8 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
     part = flux::load_flux_transformer(dir, tp, dtype, device, &stats);
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
                seconds_since(t_load), " s");
-  } catch (const Error& e) {
-    log::report(e);
-    code = e.exit_code();
   } catch (const std::exception& e) {
-    log::report(InternalError(e.what()));
-    code = kExitFailure;
+    code = report(e);
   }
   code = env.agree(code);
   if (code != kExitOk) return code;
@@ -332,12 +334,8 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
     if (writer) writer->close();
     print_summary(*root, seconds_since(start));
     return kExitOk;
-  } catch (const Error& e) {
-    log::report(e);
-    env.abort(e.exit_code());
   } catch (const std::exception& e) {
-    log::report(InternalError(e.what()));
-    env.abort(kExitFailure);
+    env.abort(report(e));
   }
 }
 

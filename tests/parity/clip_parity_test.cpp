@@ -17,12 +17,6 @@ namespace {
 
 using test::CaseRef;
 
-/// bf16 run dtype (a sanity bound, not a parity claim): bf16 keeps 8 significant bits, a unit
-/// roundoff u = 2^-8 ~ 3.9e-3 per stored activation and weight. Two residual layers and the final
-/// LayerNorm chain a few dozen roundings; allowing 8u of the output scale catches any semantic
-/// error (those move outputs by O(1)) while staying clear of accumulated rounding.
-constexpr double kTolBf16Sanity = 8 * 3.90625e-3;
-
 /// The output of our model that a recorded tensor of a clip_forward case names; undefined for a
 /// name this test does not know (reported as a failure by close_to).
 at::Tensor recorded_counterpart(const ClipTextOutput& out, const std::string& name) {
@@ -96,7 +90,7 @@ TEST_P(ClipBf16, RunDtypeStaysNearFp32Reference) {
   for (const char* name : {"out_last_hidden_state", "out_pooler_output"}) {
     at::Tensor got = std::string(name) == "out_pooler_output" ? out.pooler_output : out.last_hidden_state;
     testing::AssertionResult r =
-        test::close_to(test::case_label(c) + " " + name + " (bf16 run)", got, tensors.get(name), kTolBf16Sanity);
+        test::close_to(test::case_label(c) + " " + name + " (bf16 run)", got, tensors.get(name), test::kTolBf16Sanity);
     EXPECT_TRUE(r);
     std::printf("  %s\n", r.message());
   }

@@ -17,12 +17,6 @@ namespace {
 
 using test::CaseRef;
 
-/// bf16 run dtype (a sanity bound, not a parity claim): bf16 keeps 8 significant bits, a unit
-/// roundoff u = 2^-8 ~ 3.9e-3 per stored activation and weight. The residual blocks and the final
-/// RMS norm chain a few dozen roundings; allowing 8u of the output scale catches any semantic
-/// error (those move outputs by O(1)) while staying clear of accumulated rounding.
-constexpr double kTolBf16Sanity = 8 * 3.90625e-3;
-
 /// The output of our model that a recorded tensor of a t5_forward case names; undefined for a
 /// name this test does not know (reported as a failure by close_to).
 at::Tensor recorded_counterpart(const T5EncoderOutput& out, const std::string& name) {
@@ -95,7 +89,7 @@ TEST_P(T5Bf16, RunDtypeStaysNearFp32Reference) {
   EXPECT_EQ(out.last_hidden_state.scalar_type(), at::kBFloat16);
   testing::AssertionResult r = test::close_to(test::case_label(c) + " out_last_hidden_state (bf16 run)",
                                               out.last_hidden_state, tensors.get("out_last_hidden_state"),
-                                              kTolBf16Sanity);
+                                              test::kTolBf16Sanity);
   EXPECT_TRUE(r);
   std::printf("  %s\n", r.message());
 }
