@@ -33,8 +33,15 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 struct StageTime {
   std::string name;
   double seconds;
-  uint64_t rss_after;
+  uint64_t peak_rss;  ///< peak resident memory during the stage
 };
+
+// The stage's peak, and a fresh peak for the next stage.
+uint64_t stage_peak() {
+  const uint64_t peak = peak_rss_bytes();
+  reset_peak_rss();
+  return peak;
+}
 
 // Rank 0's state between the phases.
 struct RootRun {
@@ -72,7 +79,7 @@ void encode_prompts(RootRun& root, at::Device device) {
   log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_since(t0), " s (text encoders: ",
             format_bytes(static_cast<uint64_t>(encoders.parameter_bytes())), ")");
   if (run.config.keep_encoders) root.kept_encoders.emplace(std::move(encoders));
-  root.times.push_back({"encode", seconds_since(t0), current_rss_bytes()});
+  root.times.push_back({"encode", seconds_since(t0), stage_peak()});
 }
 
 ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pipeline::PromptEmbedding* neg) {
@@ -137,10 +144,19 @@ int report(const std::exception& e) {
   return kExitFailure;
 }
 
+// One line per run: each stage's time and rank 0's peak resident memory during it.
 void print_summary(const RootRun& root, double total) {
   std::string s = "summary:";
-  for (const auto& t : root.times) s += str_cat(" ", t.name, " ", pipeline::format_duration(t.seconds), " (", t.seconds, " s)");
-  s += str_cat("; total ", total, " s; peak RSS of rank 0 ", format_bytes(peak_rss_bytes()));
+  uint64_t peak = 0;
+  for (const auto& t : root.times) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.2f", t.seconds);
+    s += str_cat(" ", t.name, " ", seconds, " s (peak ", format_bytes(t.peak_rss), ")");
+    peak = std::max(peak, t.peak_rss);
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.2f", total);
+  s += str_cat("; total ", seconds, " s; peak RSS of rank 0 ", format_bytes(peak));
   log::info(s);
 }
 
@@ -163,7 +179,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
         root = std::make_unique<RootRun>();
         root->prepared = std::move(*prep.run);
         root->dtype = nn::parse_dtype(root->prepared.config.dtype);
-        root->times.push_back({"validate", seconds_since(start), current_rss_bytes()});
+        root->times.push_back({"validate", seconds_since(start), stage_peak()});
         message = to_json(root->prepared.plan);
       }
     } catch (const std::exception& e) {
@@ -206,7 +222,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
   }
   code = env.agree(code);
   if (code != kExitOk) return code;
-  if (rank == 0) root->times.push_back({"load", seconds_since(t_load), current_rss_bytes()});
+  if (rank == 0) root->times.push_back({"load", seconds_since(t_load), stage_peak()});
 
   // Phase 3: the denoising loop. From here on a failure on any rank aborts the whole job.
   try {
@@ -305,7 +321,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
     pipeline::denoise(setup, part, *stages, rank, messenger.get(), &state);
     messenger.reset();
     progress.finish();
-    root->times.push_back({"denoise", seconds_since(t_denoise), current_rss_bytes()});
+    root->times.push_back({"denoise", seconds_since(t_denoise), stage_peak()});
 
     // Final latents of every image still to decode.
     for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
@@ -330,7 +346,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
       }
       log::info("wrote ", run.images[i].output_path);
     }
-    if (decoder) root->times.push_back({"decode", seconds_since(t_decode), current_rss_bytes()});
+    if (decoder) root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});
     if (writer) writer->close();
     print_summary(*root, seconds_since(start));
     return kExitOk;

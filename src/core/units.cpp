@@ -68,6 +68,12 @@ uint64_t status_field_kib(const char* field) {
 }  // namespace
 
 uint64_t peak_rss_bytes() { return status_field_kib("VmHWM"); }
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  return static_cast<bool>(out.flush());
+}
 uint64_t current_rss_bytes() { return status_field_kib("VmRSS"); }
 
 }  // namespace fluxmpi

@@ -15,5 +15,8 @@ std::string format_bytes(uint64_t bytes);
 uint64_t peak_rss_bytes();
 /// Current resident set size (VmRSS), in bytes; 0 when unknown.
 uint64_t current_rss_bytes();
+/// Starts a new peak: VmHWM drops to the current RSS (Linux /proc/self/clear_refs), so that
+/// peak_rss_bytes() then measures one stage. Returns false where the kernel refuses.
+bool reset_peak_rss();
 
 }  // namespace fluxmpi

@@ -38,7 +38,7 @@ def fluxmpi(build, ranks, args):
         cmd = ["mpirun", "-np", str(ranks), "--bind-to", "none", "--oversubscribe"] + \
               (["--allow-run-as-root"] if os.geteuid() == 0 else []) + cmd
     out, wall = run(cmd)
-    m = re.search(r"denoise [0-9:]+ \(([0-9.e+-]+) s\)", out)
+    m = re.search(r"denoise ([0-9.]+) s \(peak", out)
     if not m:
         sys.exit("bench: no denoise time in the output:\n" + out)
     return float(m.group(1)), wall, out
