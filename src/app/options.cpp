@@ -46,6 +46,11 @@ struct Spec {
 constexpr int64_t kMaxImageSide = 65536;
 // diffusers refuses longer T5 sequences for FLUX (the model was trained with at most 512).
 constexpr int64_t kMaxSequenceLength = 512;
+// Bounds that keep a typo from allocating terabytes or spawning a million threads: 10000 steps
+// is far beyond any FLUX schedule in use (diffusers trains on 1000 timesteps); 1024 threads is
+// more than the cores of any node a rank runs on.
+constexpr int64_t kMaxSteps = 10000;
+constexpr int64_t kMaxThreads = 1024;
 constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
 
 const Spec kSpecs[] = {
@@ -407,11 +412,11 @@ RunConfig validate(const Settings& s) {
   c.seed = s.integer("seed", 0, kNoMax);
   c.height = s.integer("height", 1, kMaxImageSide);
   c.width = s.integer("width", 1, kMaxImageSide);
-  c.steps = s.integer("steps", 1, kNoMax);
+  c.steps = s.integer("steps", 1, kMaxSteps);
   c.guidance = s.number("guidance", 0.0, "must not be negative");
   c.max_sequence_length = s.integer("max-sequence-length", 1, kMaxSequenceLength);
 
-  c.threads = *s.integer("threads", 0, kNoMax);
+  c.threads = *s.integer("threads", 0, kMaxThreads);
   c.balance = s.choice("balance", {"compute", "memory"});
   c.partition = s.text("partition");
   if (s.has("partition") && c.partition.empty()) s.fail("partition", "must not be empty (e.g. 0:0-8,1:9-56)");

@@ -6,6 +6,7 @@
 #include "core/units.h"
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
+#include "models/vae/vae_decoder.h"
 
 namespace fluxmpi::app {
 
@@ -153,6 +154,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
     io::TensorStore store = dir.open_weights("transformer");
     dir.check_transformer_weights(store);
   }
+  if (!c.dry_run) vae::check_vae_weights(dir);
 
   dist::PlanRequest request;
   request.transformer = tc;

@@ -28,19 +28,26 @@ std::string temp_file(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("fluxmpi-loader-" + std::to_string(::getpid()) + "-" + name)).string();
 }
 
+// The message of load_module on `w` ("" when it loads). check_module, which reads headers only,
+// must report exactly the same.
 std::string load_error(const io::SafetensorsWriter& w, const LoadRules& rules = {}) {
   std::string path = temp_file("bad.safetensors");
   w.write(path);
-  TwoLayers m(4);
-  try {
-    auto store = io::TensorStore::open_file(path, "test");
-    load_module(m, store, rules, at::kFloat, at::kCPU);
-  } catch (const WeightError& e) {
-    std::filesystem::remove(path);
-    return e.what();
-  }
+  auto error_of = [&](bool load) -> std::string {
+    TwoLayers m(4);
+    try {
+      auto store = io::TensorStore::open_file(path, "test");
+      if (load) load_module(m, store, rules, at::kFloat, at::kCPU);
+      else check_module(m, store, rules);
+    } catch (const WeightError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string loaded = error_of(true), checked = error_of(false);
   std::filesystem::remove(path);
-  return "";
+  EXPECT_EQ(checked, loaded) << "check_module and load_module disagree";
+  return loaded;
 }
 
 TEST(Loader, RoundTripsAndConvertsDtype) {
@@ -92,6 +99,22 @@ TEST(Loader, ReportsMissingWrongShapeAndUnclaimedKeys) {
     EXPECT_NE(msg.find("tensor 'first.weight' in '"), std::string::npos) << msg;
     EXPECT_NE(msg.find("has shape [10, 5], expected [8, 4]"), std::string::npos) << msg;
   }
+}
+
+TEST(Loader, CheckReadsHeadersOnlyAndLeavesTheModuleAlone) {
+  TwoLayers src(4);
+  fill_random(src, 5);
+  io::SafetensorsWriter w;
+  add_parameters(w, src, "", io::DType::F32);
+  std::string path = temp_file("check.safetensors");
+  w.write(path);
+  auto store = io::TensorStore::open_file(path, "test");
+  TwoLayers dst(4);
+  fill_random(dst, 6);
+  at::Tensor before = dst.first->weight.clone();
+  check_module(dst, store, {});
+  EXPECT_TRUE(test::identical("first.weight", dst.first->weight, before));
+  std::filesystem::remove(path);
 }
 
 TEST(Loader, TiedWeightsThroughAliases) {

@@ -1,50 +1,50 @@
 #include "models/common/loader.h"
 
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::nn {
 
-LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
-                      at::ScalarType dtype, at::Device device) {
-  at::NoGradGuard no_grad;
-  LoadStats stats;
+namespace {
+
+// The stored key of parameter `name`: its own key or the first alias present; empty when absent.
+std::string resolve_key(const std::string& key, const io::TensorStore& store, const LoadRules& rules) {
+  if (store.contains(key)) return key;
+  if (auto alias = rules.aliases.find(key); alias != rules.aliases.end())
+    for (const auto& other : alias->second)
+      if (store.contains(other)) return other;
+  return {};
+}
+
+// Checks that every parameter of `module` is stored with its shape and that every owned key is
+// claimed; calls `each(param, stored key)` for each parameter once all of them are known good.
+template <typename Each>
+void match_parameters(const torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
+                      Each each) {
   std::set<std::string> claimed;
-  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+  std::vector<std::pair<at::Tensor, std::string>> matched;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string key = rules.prefix + item.key();
-    std::string found;
-    if (store.contains(key)) {
-      found = key;
-    } else if (auto alias = rules.aliases.find(key); alias != rules.aliases.end()) {
-      for (const auto& other : alias->second)
-        if (store.contains(other)) {
-          found = other;
-          break;
-        }
-    }
-    at::Tensor& param = item.value();
+    const std::string found = resolve_key(key, store, rules);
+    const at::Tensor& param = item.value();
     if (found.empty())
       throw WeightError(str_cat(store.label(), ": tensor '", key, "' not found (expected shape ",
                                 shape_string(param.sizes()), ")"));
-    io::TensorView view = store.get(found);
-    const std::vector<int64_t>& shape = view.entry->shape;
+    const std::vector<int64_t>& shape = store.get(found).entry->shape;  // header only: no data is read
     if (!std::equal(shape.begin(), shape.end(), param.sizes().begin(), param.sizes().end()))
       throw WeightError(str_cat(store.label(), ": tensor '", found, "' in '", store.file_of(found), "' has shape ",
                                 shape_string(shape), ", expected ", shape_string(param.sizes())));
-    at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
-    value.copy_(borrow(view));
-    view.file->release(*view.entry);
-    param.set_data(value);
     claimed.insert(found);
     // A tied copy stored under another name is the same weight: it is accounted for.
     if (auto alias = rules.aliases.find(key); alias != rules.aliases.end()) {
       claimed.insert(key);
       for (const auto& other : alias->second) claimed.insert(other);
     }
-    stats.tensors += 1;
-    stats.bytes += value.numel() * static_cast<int64_t>(value.element_size());
+    matched.emplace_back(param, found);
   }
   for (const auto& key : store.keys()) {
     if (claimed.count(key)) continue;
@@ -56,6 +56,28 @@ LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, c
       throw WeightError(str_cat(store.label(), ": unexpected tensor '", key, "' in '", store.file_of(key),
                                 "': no parameter of the model claims it"));
   }
+  for (auto& [param, key] : matched) each(param, key);
+}
+
+}  // namespace
+
+void check_module(const torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules) {
+  match_parameters(module, store, rules, [](const at::Tensor&, const std::string&) {});
+}
+
+LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
+                      at::ScalarType dtype, at::Device device) {
+  at::NoGradGuard no_grad;
+  LoadStats stats;
+  match_parameters(module, store, rules, [&](at::Tensor param, const std::string& key) {
+    io::TensorView view = store.get(key);
+    at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
+    value.copy_(borrow(view));
+    view.file->release(*view.entry);
+    param.set_data(value);
+    stats.tensors += 1;
+    stats.bytes += value.numel() * static_cast<int64_t>(value.element_size());
+  });
   return stats;
 }
 

@@ -33,7 +33,11 @@ struct LoadStats {
   int64_t bytes = 0;  ///< bytes of the loaded parameters in the run dtype
 };
 
-/// Loads all parameters of `module`. After loading, the shards' pages are released.
+/// Checks, from the safetensors headers alone, what load_module checks: every parameter stored
+/// with its shape, every owned key claimed. Reads no tensor data.
+void check_module(const torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules);
+
+/// Loads all parameters of `module` (after the checks of check_module). After loading, the shards' pages are released.
 LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
                       at::ScalarType dtype, at::Device device);
 

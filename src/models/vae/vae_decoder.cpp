@@ -46,16 +46,31 @@ void check_vae_switches(const io::ModelDir& model, const io::VaeConfig& config, 
   check(config.mid_block_add_attention, "mid_block_add_attention", "decoder.mid_block.attentions.0.to_q.weight");
 }
 
+nn::LoadRules vae_load_rules() {
+  nn::LoadRules rules;
+  // The encoder half of AutoencoderKL never runs in text-to-image inference.
+  rules.skip_prefixes = {"encoder.", "quant_conv."};
+  return rules;
+}
+
 }  // namespace
+
+void check_vae_weights(const io::ModelDir& model) {
+  const io::VaeConfig& config = model.vae_config();
+  io::TensorStore store = model.open_weights("vae");
+  check_vae_switches(model, config, store);
+  // The module is built only for its parameter names and shapes (in the default dtype, for a
+  // moment: the real FLUX decoder is ~200 MB in fp32, small next to the text encoders).
+  VaeDecoder vae(config);
+  nn::check_module(*vae, store, vae_load_rules());
+}
 
 VaeDecoder load_vae_decoder(const io::ModelDir& model, at::ScalarType dtype, at::Device device) {
   const io::VaeConfig& config = model.vae_config();
   io::TensorStore store = model.open_weights("vae");
   check_vae_switches(model, config, store);
   VaeDecoder vae(config);
-  nn::LoadRules rules;
-  // The encoder half of AutoencoderKL never runs in text-to-image inference.
-  rules.skip_prefixes = {"encoder.", "quant_conv."};
+  const nn::LoadRules rules = vae_load_rules();
   nn::LoadStats stats = nn::load_module(*vae, store, rules, dtype, device);
   log::debug("VAE decoder: ", stats.tensors, " tensors, ", stats.bytes, " bytes in ", nn::dtype_label(dtype));
   return vae;

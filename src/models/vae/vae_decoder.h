@@ -34,6 +34,11 @@ class VaeDecoderImpl : public torch::nn::Module {
 };
 TORCH_MODULE(VaeDecoder);
 
+/// Checks vae/'s weights against vae/config.json from the safetensors headers alone (every
+/// malformed header, missing, unexpected or misshapen tensor is a WeightError or ConfigError), so
+/// a broken VAE is found before any heavy work rather than after the denoising loop.
+void check_vae_weights(const io::ModelDir& model);
+
 /// Builds the decoder from `model`'s vae/config.json and loads its weights from vae/ in `dtype` on
 /// `device`. The encoder's tensors (encoder.*, quant_conv.*) are skipped; any other tensor no
 /// parameter claims, a missing tensor or a wrong shape is a WeightError naming key and file; a

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz: safetensors header parser, config parsers, CLIP
+# tokenizer) in a torch-free clang build with AddressSanitizer and UndefinedBehaviorSanitizer,
+# and runs each for SECONDS seconds.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, every target
+# Environment: BUILD_DIR (default build-fuzz), JOBS (default: number of cores),
+#              FUZZ_WORK (where each target's growing corpus is kept; default $BUILD_DIR/fuzz-work).
+# A crash, leak, timeout or out-of-memory input is saved as tests/fuzz/regressions/<target>/<kind>-<sha1>
+# (replayed by the unit_fuzz_replay_<target> tests of every build); the script then goes on with the
+# other targets and exits with 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-60}
+if [ $# -gt 0 ]; then shift; fi
+all_targets=(safetensors_header config clip_tokenizer)
+if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all_targets[@]}"); fi
+case "$seconds" in
+  ''|*[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, got '$seconds'" >&2; exit 2 ;;
+esac
+
+scripts/setup.sh --fuzz
+BUILD_DIR=${BUILD_DIR:-build-fuzz}
+JOBS=${JOBS:-$(nproc)}
+FUZZ_WORK=${FUZZ_WORK:-$BUILD_DIR/fuzz-work}
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DFLUXMPI_WITH_TORCH=OFF -DFLUXMPI_BUILD_TESTS=OFF -DFLUXMPI_BUILD_FUZZERS=ON \
+  -DFLUXMPI_SANITIZE=address,undefined >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]/#/fuzz_}"
+
+failed=()
+for t in "${targets[@]}"; do
+  seeds=tests/fuzz/corpus/$t
+  regressions=tests/fuzz/regressions/$t
+  work=$FUZZ_WORK/$t
+  [ -d "$seeds" ] || { echo "fuzz.sh: no seed corpus $seeds (known targets: ${all_targets[*]})" >&2; exit 2; }
+  mkdir -p "$regressions" "$work"
+  echo "fuzz.sh: $t for ${seconds} s (seeds: $seeds, corpus: $work)"
+  before=$(ls "$regressions" | wc -l)
+  # New interesting inputs go to $work (first directory); the seeds and regressions are read only.
+  # -timeout: one input slower than 25 s is a finding too (a parser must not hang).
+  if ! ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
+      "$BUILD_DIR/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$regressions/" "$work" "$seeds" "$regressions" \
+      >"$BUILD_DIR/fuzz-$t.log" 2>&1; then
+    failed+=("$t")
+  fi
+  grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done )" "$BUILD_DIR/fuzz-$t.log" | sed "s/^/  $t: /" || true
+  after=$(ls "$regressions" | wc -l)
+  if [ "$after" -gt "$before" ]; then
+    failed+=("$t")
+    echo "fuzz.sh: $t: new finding(s) in $regressions (log: $BUILD_DIR/fuzz-$t.log):" >&2
+    ls -t "$regressions" | head -n $((after - before)) | sed 's/^/  /' >&2
+  fi
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz.sh: FAILED: $(printf '%s\n' "${failed[@]}" | sort -u | tr '\n' ' ')(see $BUILD_DIR/fuzz-<target>.log)" >&2
+  exit 1
+fi
+echo "fuzz.sh: no crash in ${targets[*]} (${seconds} s each)"

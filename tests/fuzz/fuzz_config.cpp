@@ -1,0 +1,50 @@
+// libFuzzer target: io::ConfigReader and the typed config parsers. The first byte picks the
+// config kind ('t' transformer, 's' scheduler, 'v' VAE, 'c' CLIP text, '5' T5; other bytes by
+// value), the rest is the config.json text.
+// Contract: a parser returns a config or throws ConfigError; a config it returns survives the
+// round trip through to_json() unchanged. Anything else is a bug.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "io/configs.h"
+
+namespace {
+
+void require(bool ok) {
+  if (!ok) std::abort();
+}
+
+// Parses `text` as a config; when it is accepted, what to_json() writes must be accepted too and
+// give the same config (compared through its JSON form, the only equality the configs define).
+// Only the first parse may reject its input: an exception from the second escapes as a bug.
+template <typename Parse>
+void round_trip(const std::string& text, Parse parse) {
+  std::string written;
+  try {
+    written = fluxmpi::io::to_json(parse(fluxmpi::io::ConfigReader::from_text(text, "fuzz/config.json")));
+  } catch (const fluxmpi::ConfigError&) {
+    return;  // the documented rejection
+  }
+  const auto again = parse(fluxmpi::io::ConfigReader::from_text(written, "fuzz/written.json"));
+  require(fluxmpi::io::to_json(again) == written);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const uint8_t k = data[0];
+  switch (k == 't' ? 0 : k == 's' ? 1 : k == 'v' ? 2 : k == 'c' ? 3 : k == '5' ? 4 : k % 5) {
+    case 0: round_trip(text, fluxmpi::io::parse_transformer_config); break;
+    case 1: round_trip(text, fluxmpi::io::parse_scheduler_config); break;
+    case 2: round_trip(text, fluxmpi::io::parse_vae_config); break;
+    case 3: round_trip(text, fluxmpi::io::parse_clip_text_config); break;
+    default: round_trip(text, fluxmpi::io::parse_t5_config); break;
+  }
+  return 0;
+}
