@@ -160,6 +160,23 @@ void check_header(const MessageHeader& expected, const MessageHeader& actual, in
                           actual.describe()));
 }
 
+namespace {
+
+// Adds the lifetime of this object to a counter of blocked seconds.
+class BlockedTimer {
+ public:
+  explicit BlockedTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~BlockedTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  BlockedTimer(const BlockedTimer&) = delete;
+  BlockedTimer& operator=(const BlockedTimer&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
 // One posted send: its requests and everything they read from.
 struct Messenger::Pending {
   uint64_t id = 0;
@@ -254,6 +271,8 @@ void Messenger::wait(SendHandle handle) {
 void Messenger::wait_all() { wait_until_at_most(0); }
 
 void Messenger::wait_until_at_most(size_t n) {
+  if (pending_.size() <= n) return;
+  BlockedTimer timer(blocked_seconds_);
   while (pending_.size() > n) {
     pending_.front()->wait();
     pending_.erase(pending_.begin());
@@ -279,6 +298,7 @@ void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Ten
     FLUX_CHECK(buffers[i].is_contiguous(), "receive buffer ", i, " of ", message_kind_name(tag.kind), " is not contiguous");
   const MessageHeader expected = MessageHeader::of(tag, buffers);
   MPI_Comm comm = env_.comms().world;
+  BlockedTimer timer(blocked_seconds_);
 
   // The header is where a rank waits for its neighbour, often most of a step: wait without
   // spinning (Open MPI's blocking receive busy-polls a core), so that ranks sharing cores leave

@@ -120,6 +120,10 @@ class Messenger {
   /// Whether CUDA tensors go to MPI directly (MPIX_Query_cuda_support).
   bool cuda_aware() const { return cuda_aware_; }
 
+  /// Seconds this rank has spent blocked in receives and in waits for its sends: the pipeline's
+  /// bubbles and transfer time as this rank sees them.
+  double blocked_seconds() const { return blocked_seconds_; }
+
  private:
   struct Pending;
   const MpiEnv& env_;
@@ -128,6 +132,7 @@ class Messenger {
   uint64_t next_id_ = 1;
   int uncaught_at_start_ = 0;
   std::vector<std::unique_ptr<Pending>> pending_;  ///< in posting order
+  double blocked_seconds_ = 0;
 };
 
 }  // namespace fluxmpi::dist
