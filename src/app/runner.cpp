@@ -32,11 +32,19 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// "1.23 s (4.5 %) blocked on messages": the pipeline's bubbles as one rank sees them.
-std::string blocked_text(double blocked, double total) {
+// "1.23 s"
+std::string seconds_text(double seconds) {
   std::ostringstream os;
-  os << std::fixed << std::setprecision(2) << blocked << " s (" << std::setprecision(1)
-     << (total > 0 ? 100.0 * blocked / total : 0.0) << " %) blocked on messages";
+  os << std::fixed << std::setprecision(2) << seconds << " s";
+  return os.str();
+}
+
+// "denoised in 9.87 s, 1.23 s (12.5 %) blocked on messages": the pipeline's bubbles as one rank
+// sees them.
+std::string denoise_text(double total, double blocked) {
+  std::ostringstream os;
+  os << "denoised in " << seconds_text(total) << ", " << seconds_text(blocked) << " (" << std::fixed
+     << std::setprecision(1) << (total > 0 ? 100.0 * blocked / total : 0.0) << " %) blocked on messages";
   return os.str();
 }
 
@@ -86,7 +94,7 @@ void encode_prompts(RootRun& root, at::Device device) {
     root.text[i] = embed(job.prompt, job.prompt_2, str_cat("image ", i));
     if (cfg) root.negative[i] = embed(job.negative_prompt, job.negative_prompt, str_cat("image ", i, " (negative prompt)"));
   }
-  log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_since(t0), " s (text encoders: ",
+  log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_text(seconds_since(t0)), " (text encoders: ",
             format_bytes(static_cast<uint64_t>(encoders.parameter_bytes())), ")");
   if (run.config.keep_encoders) root.kept_encoders.emplace(std::move(encoders));
   root.times.push_back({"encode", seconds_since(t0), stage_peak()});
@@ -226,7 +234,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
     nn::LoadStats stats;
     part = flux::load_flux_transformer(dir, tp, dtype, device, &stats);
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
-               seconds_since(t_load), " s");
+               seconds_text(seconds_since(t_load)));
   } catch (const std::exception& e) {
     code = report(e);
   }
@@ -254,8 +262,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
       pipeline::denoise(setup, part, *stages, rank, messenger.get(), nullptr);
       const double blocked = messenger->blocked_seconds();
       messenger.reset();
-      log::debug("denoised in ", seconds_since(t0), " s, ", blocked_text(blocked, seconds_since(t0)),
-                 "; peak RSS ", format_bytes(peak_rss_bytes()));
+      log::debug(denoise_text(seconds_since(t0), blocked), "; peak RSS ", format_bytes(peak_rss_bytes()));
       return kExitOk;
     }
 
@@ -331,8 +338,7 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
     state.observer = &observer;
     auto t_denoise = Clock::now();
     pipeline::denoise(setup, part, *stages, rank, messenger.get(), &state);
-    if (messenger) log::debug("denoised in ", seconds_since(t_denoise), " s, ",
-                              blocked_text(messenger->blocked_seconds(), seconds_since(t_denoise)));
+    if (messenger) log::debug(denoise_text(seconds_since(t_denoise), messenger->blocked_seconds()));
     messenger.reset();
     progress.finish();
     root->times.push_back({"denoise", seconds_since(t_denoise), stage_peak()});
