@@ -42,14 +42,8 @@ TEST_P(ClipForward, MatchesEveryRecordedTensorFp32) {
   for (int64_t i = 0; i < model->config().num_hidden_layers; ++i)
     EXPECT_TRUE(listed.contains("layer_" + std::to_string(i) + "_out"))
         << test::case_label(c) << ": the case records no output of layer " << i;
-  for (const auto& item : listed.items()) {
-    const std::string& name = item.key();
-    if (name.rfind("in_", 0) == 0) continue;
-    testing::AssertionResult r = test::close_to(test::case_label(c) + " " + name,
-                                                recorded_counterpart(out, name), tensors.get(name), test::kTolFp32);
-    EXPECT_TRUE(r);
-    std::printf("  %s\n", r.message());
-  }
+  test::expect_recorded_tensors(c, tensors, [&](const std::string& name) { return recorded_counterpart(out, name); },
+                                test::kTolFp32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ClipForward, testing::ValuesIn(test::cases_of_kind("clip_forward")),

@@ -56,4 +56,15 @@ testing::AssertionResult identical(const std::string& name, const at::Tensor& go
                                      << first << ": " << g[first].item<double>() << " vs " << r[first].item<double>();
 }
 
+void expect_recorded_tensors(const CaseRef& c, const CaseTensors& tensors,
+                             const std::function<at::Tensor(const std::string&)>& ours, double tol) {
+  for (const auto& item : c.json.at("tensors").items()) {
+    const std::string& name = item.key();
+    if (name.rfind("in_", 0) == 0) continue;
+    testing::AssertionResult r = close_to(case_label(c) + " " + name, ours(name), tensors.get(name), tol);
+    EXPECT_TRUE(r);
+    std::printf("  %s\n", r.message());
+  }
+}
+
 }  // namespace fluxmpi::test

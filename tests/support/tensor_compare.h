@@ -5,9 +5,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "io/tensor_store.h"
+#include "support/fixtures.h"
 
 namespace fluxmpi::test {
 
@@ -40,6 +42,10 @@ Closeness closeness(const at::Tensor& got, const at::Tensor& ref);
 
 /// EXPECT_TRUE(close_to("temb", got, ref, kTolFp32)).
 testing::AssertionResult close_to(const std::string& name, const at::Tensor& got, const at::Tensor& ref, double tol);
+/// Compares every tensor the case records, except its inputs (named in_*), with ours(name) at
+/// `tol` and prints each comparison; a name ours() does not know (undefined tensor) fails.
+void expect_recorded_tensors(const CaseRef& c, const CaseTensors& tensors,
+                             const std::function<at::Tensor(const std::string&)>& ours, double tol);
 /// Exact equality (ids, bit-identity checks); on failure reports the first differing index.
 testing::AssertionResult identical(const std::string& name, const at::Tensor& got, const at::Tensor& ref);
 
