@@ -1,5 +1,7 @@
 #include "support/fixtures.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -77,5 +79,32 @@ std::string case_test_name(const testing::TestParamInfo<CaseRef>& info) {
 std::string case_label(const CaseRef& c) { return c.pipeline + "/" + c.name; }
 
 void PrintTo(const CaseRef& c, std::ostream* os) { *os << (c.pipeline.empty() ? "no fixtures" : case_label(c)); }
+
+std::vector<TokenizerCase> tokenizer_cases() {
+  std::ifstream in(fixture_root() + "/tokenizer_cases.json");
+  if (!in) return {TokenizerCase{}};
+  const nlohmann::json all = nlohmann::json::parse(in);
+  std::vector<TokenizerCase> out;
+  for (const auto& c : all["cases"]) out.push_back({c["id"].get<std::string>(), c});
+  if (out.empty()) out.push_back(TokenizerCase{});
+  return out;
+}
+
+std::string tokenizer_case_name(const testing::TestParamInfo<TokenizerCase>& info) {
+  if (info.param.id.empty()) return "no_fixtures";
+  std::string s = info.param.id;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+void PrintTo(const TokenizerCase& c, std::ostream* os) { *os << (c.id.empty() ? "<no fixtures>" : c.id); }
+
+std::string first_difference(const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (got[i] != want[i])
+      return "position " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
+  return "lengths " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+}
 
 }  // namespace fluxmpi::test

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -43,7 +45,32 @@ void PrintTo(const CaseRef& c, std::ostream* os);
 
 std::string missing_fixtures_message();
 
+/// One case of tokenizer_cases.json; an empty id stands for "no fixture file".
+struct TokenizerCase {
+  std::string id;
+  nlohmann::json json;
+};
+/// Every case of tokenizer_cases.json; without the file, one placeholder (empty id).
+std::vector<TokenizerCase> tokenizer_cases();
+/// gtest parameter names: the case id with every non-alphanumeric character as '_'.
+std::string tokenizer_case_name(const testing::TestParamInfo<TokenizerCase>& info);
+void PrintTo(const TokenizerCase& c, std::ostream* os);
+
+/// The first position where two id lists differ, for a readable failure.
+std::string first_difference(const std::vector<int64_t>& got, const std::vector<int64_t>& want);
+
 }  // namespace fluxmpi::test
+
+/// Skips (fails under CI=true) when `file`, one of the shared assets that live outside the
+/// project, is missing; `what` names it ("CLIP tokenizer assets").
+#define FLUXMPI_REQUIRE_ASSET(file, what)                                                 \
+  do {                                                                                    \
+    if (!std::filesystem::is_regular_file(file)) {                                        \
+      const std::string why = std::string(what) + " not found: '" + (file) + "'";         \
+      if (::fluxmpi::test::running_in_ci()) FAIL() << why;                                \
+      GTEST_SKIP() << why;                                                                \
+    }                                                                                     \
+  } while (0)
 
 /// First statement of a parity test: skips (or fails under CI=true) without the fixture tree.
 #define FLUXMPI_REQUIRE_FIXTURES()                                                        \

@@ -20,68 +20,24 @@ namespace fs = std::filesystem;
 
 std::string clip_assets() { return test::assets_root() + "/tokenizers/clip"; }
 
-// One case of tokenizer_cases.json; an empty id stands for "no fixture file".
-struct TokCase {
-  std::string id;
-  nlohmann::json json;
-};
-
-std::vector<TokCase> tokenizer_cases() {
-  std::ifstream in(test::fixture_root() + "/tokenizer_cases.json");
-  if (!in) return {TokCase{}};
-  const nlohmann::json all = nlohmann::json::parse(in);
-  std::vector<TokCase> out;
-  for (const auto& c : all["cases"]) out.push_back({c["id"].get<std::string>(), c});
-  if (out.empty()) out.push_back(TokCase{});
-  return out;
-}
-
-void PrintTo(const TokCase& c, std::ostream* os) { *os << (c.id.empty() ? "<no fixtures>" : c.id); }
-
-std::string tok_case_name(const testing::TestParamInfo<TokCase>& info) {
-  if (info.param.id.empty()) return "no_fixtures";
-  std::string s = info.param.id;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
-
-// The real tokenizer files live outside the project: skip (fail under CI=true) without them.
-#define REQUIRE_CLIP_ASSETS()                                                                  \
-  do {                                                                                         \
-    if (!fs::is_regular_file(clip_assets() + "/vocab.json")) {                                 \
-      const std::string why = "CLIP tokenizer assets not found in '" + clip_assets() + "'";   \
-      if (test::running_in_ci()) FAIL() << why;                                                \
-      GTEST_SKIP() << why;                                                                     \
-    }                                                                                          \
-  } while (0)
-
 const ClipTokenizer& real_clip() {
   static const ClipTokenizer tok(clip_assets());
   return tok;
 }
 
-// The first position where two id lists differ, for a readable failure.
-std::string first_difference(const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
-    if (got[i] != want[i]) return "position " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " +
-                                   std::to_string(want[i]);
-  return "lengths " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-}
-
-class ClipFixtureCase : public testing::TestWithParam<TokCase> {};
+class ClipFixtureCase : public testing::TestWithParam<test::TokenizerCase> {};
 
 TEST_P(ClipFixtureCase, IdsTokensAndTruncationMatchReference) {
   FLUXMPI_REQUIRE_FIXTURES();
   ASSERT_FALSE(GetParam().id.empty()) << "no cases in " << test::fixture_root() << "/tokenizer_cases.json";
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   const nlohmann::json& c = GetParam().json;
   const std::string text = c["text"].get<std::string>();
   const std::string where = "tokenizer_cases.json case '" + GetParam().id + "'";
 
   const Encoding e = real_clip().encode(text);
   const auto want_ids = c["clip_input_ids"].get<std::vector<int64_t>>();
-  EXPECT_EQ(e.ids, want_ids) << where << ": clip_input_ids differ at " << first_difference(e.ids, want_ids);
+  EXPECT_EQ(e.ids, want_ids) << where << ": clip_input_ids differ at " << test::first_difference(e.ids, want_ids);
   EXPECT_EQ(e.num_tokens, c["clip_num_tokens"].get<int64_t>()) << where << ": clip_num_tokens";
   EXPECT_EQ(e.truncated, c["clip_truncated"].get<bool>()) << where << ": clip_truncated";
   EXPECT_EQ(e.dropped.empty(), !e.truncated) << where << ": dropped text '" << e.dropped << "'";
@@ -89,10 +45,10 @@ TEST_P(ClipFixtureCase, IdsTokensAndTruncationMatchReference) {
   EXPECT_EQ(real_clip().tokenize(text), c["clip_tokens"].get<std::vector<std::string>>()) << where << ": clip_tokens";
 }
 
-INSTANTIATE_TEST_SUITE_P(TokenizerCases, ClipFixtureCase, testing::ValuesIn(tokenizer_cases()), tok_case_name);
+INSTANTIATE_TEST_SUITE_P(TokenizerCases, ClipFixtureCase, testing::ValuesIn(test::tokenizer_cases()), test::tokenizer_case_name);
 
 TEST(ClipTokenizer, ReadsSpecialTokensAndLengthFromConfig) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   const ClipTokenizer& tok = real_clip();
   EXPECT_EQ(tok.bos_id(), 49406);
   EXPECT_EQ(tok.eos_id(), 49407);
@@ -109,7 +65,7 @@ std::string repeat(const std::string& piece, int n, const std::string& sep = " "
 }
 
 TEST(ClipTokenizer, DroppedTextQuotesWholeWordsAfterTheCut) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   // 5 one-token words per phrase, 20 phrases = 100 tokens; 75 fit, so phrases 16..20 are cut.
   const Encoding e = real_clip().encode(repeat("a photo of a cat", 20) + "  ");
   EXPECT_TRUE(e.truncated);
@@ -120,7 +76,7 @@ TEST(ClipTokenizer, DroppedTextQuotesWholeWordsAfterTheCut) {
 }
 
 TEST(ClipTokenizer, ExactlyFullIsNotTruncated) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   Encoding e = real_clip().encode(repeat("cat", 75));
   EXPECT_FALSE(e.truncated);
   EXPECT_EQ(e.dropped, "");
@@ -130,14 +86,14 @@ TEST(ClipTokenizer, ExactlyFullIsNotTruncated) {
 }
 
 TEST(ClipTokenizer, DroppedTextStartsInsideASplitWord) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   // super|cali|frag|ili|stic|expi|ali|do|cious: only "super" fits after 74 words.
   const Encoding e = real_clip().encode(repeat("cat", 74) + " supercalifragilisticexpialidocious!");
   EXPECT_EQ(e.dropped, "califragilisticexpialidocious!");
 }
 
 TEST(ClipTokenizer, DroppedTextIsTheOriginalUnnormalisedText) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   // Upper case, a decomposed é (e + U+0301), a tab and a run of spaces survive in the quote.
   const std::string tail = "Cafe\xCC\x81  NA\xC3\x8FVE\tStra\xC3\x9F" "e";
   const Encoding e = real_clip().encode(repeat("cat", 75) + " \n " + tail + "\n");
@@ -145,7 +101,7 @@ TEST(ClipTokenizer, DroppedTextIsTheOriginalUnnormalisedText) {
 }
 
 TEST(ClipTokenizer, CharacterSplitAcrossTokensIsQuotedWhole) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   // "straße" -> stra | Ã | Ł | e</w>: the two bytes of ß are two tokens; cut between them.
   EXPECT_EQ(real_clip().encode(repeat("cat", 73) + " Straße").dropped, "ße");
   // 'İ' lower-cases to "i" + U+0307, which the pre-split makes two words; cut between them.
@@ -153,7 +109,7 @@ TEST(ClipTokenizer, CharacterSplitAcrossTokensIsQuotedWhole) {
 }
 
 TEST(ClipTokenizer, ShorterMaxLength) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   const Encoding e = real_clip().encode("a photo of a cat", 4);
   EXPECT_EQ(e.ids, (std::vector<int64_t>{49406, 320, 1125, 49407}));
   EXPECT_EQ(e.dropped, "of a cat");
@@ -161,7 +117,7 @@ TEST(ClipTokenizer, ShorterMaxLength) {
 }
 
 TEST(ClipTokenizer, InvalidUtf8PromptIsAUsageError) {
-  REQUIRE_CLIP_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(clip_assets() + "/vocab.json", "CLIP tokenizer assets");
   try {
     real_clip().encode("caf\xC3");
     FAIL() << "expected UsageError";

@@ -20,58 +20,17 @@ namespace fs = std::filesystem;
 
 std::string t5_assets() { return test::assets_root() + "/tokenizers/t5"; }
 
-struct TokCase {
-  std::string id;  // empty: no fixture file
-  nlohmann::json json;
-};
-
-void PrintTo(const TokCase& c, std::ostream* os) { *os << (c.id.empty() ? "<no fixtures>" : c.id); }
-
-std::vector<TokCase> tokenizer_cases() {
-  std::ifstream in(test::fixture_root() + "/tokenizer_cases.json");
-  if (!in) return {TokCase{}};
-  const nlohmann::json all = nlohmann::json::parse(in);
-  std::vector<TokCase> out;
-  for (const auto& c : all["cases"]) out.push_back({c["id"].get<std::string>(), c});
-  if (out.empty()) out.push_back(TokCase{});
-  return out;
-}
-
-std::string tok_case_name(const testing::TestParamInfo<TokCase>& info) {
-  if (info.param.id.empty()) return "no_fixtures";
-  std::string s = info.param.id;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
-
-#define REQUIRE_T5_ASSETS()                                                                   \
-  do {                                                                                        \
-    if (!fs::is_regular_file(t5_assets() + "/spiece.model")) {                                \
-      const std::string why = "T5 tokenizer assets not found in '" + t5_assets() + "'";      \
-      if (test::running_in_ci()) FAIL() << why;                                               \
-      GTEST_SKIP() << why;                                                                    \
-    }                                                                                         \
-  } while (0)
-
 const T5Tokenizer& real_t5() {
   static const T5Tokenizer tok(t5_assets());
   return tok;
 }
 
-std::string first_difference(const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
-    if (got[i] != want[i]) return "position " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " +
-                                   std::to_string(want[i]);
-  return "lengths " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-}
-
-class T5FixtureCase : public testing::TestWithParam<TokCase> {};
+class T5FixtureCase : public testing::TestWithParam<test::TokenizerCase> {};
 
 TEST_P(T5FixtureCase, IdsPiecesAndTruncationMatchReference) {
   FLUXMPI_REQUIRE_FIXTURES();
   ASSERT_FALSE(GetParam().id.empty()) << "no cases in " << test::fixture_root() << "/tokenizer_cases.json";
-  REQUIRE_T5_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(t5_assets() + "/spiece.model", "T5 tokenizer assets");
   const nlohmann::json& c = GetParam().json;
   const std::string text = c["text"].get<std::string>();
   const std::string where = "tokenizer_cases.json case '" + GetParam().id + "'";
@@ -81,7 +40,7 @@ TEST_P(T5FixtureCase, IdsPiecesAndTruncationMatchReference) {
     const std::string field = "t5_input_ids_" + std::to_string(max_length);
     const Encoding e = real_t5().encode(text, max_length);
     const auto want = c[field].get<std::vector<int64_t>>();
-    EXPECT_EQ(e.ids, want) << where << ": " << field << " differ at " << first_difference(e.ids, want);
+    EXPECT_EQ(e.ids, want) << where << ": " << field << " differ at " << test::first_difference(e.ids, want);
     EXPECT_EQ(e.num_tokens, num_tokens) << where << ": t5_num_tokens";
     EXPECT_EQ(e.truncated, num_tokens > max_length - 1) << where << ": truncation at " << max_length;
     EXPECT_EQ(e.dropped.empty(), !e.truncated) << where << ": dropped text '" << e.dropped << "'";
@@ -89,10 +48,10 @@ TEST_P(T5FixtureCase, IdsPiecesAndTruncationMatchReference) {
   EXPECT_EQ(real_t5().pieces(text), c["t5_pieces"].get<std::vector<std::string>>()) << where << ": t5_pieces";
 }
 
-INSTANTIATE_TEST_SUITE_P(TokenizerCases, T5FixtureCase, testing::ValuesIn(tokenizer_cases()), tok_case_name);
+INSTANTIATE_TEST_SUITE_P(TokenizerCases, T5FixtureCase, testing::ValuesIn(test::tokenizer_cases()), test::tokenizer_case_name);
 
 TEST(T5Tokenizer, SpecialIdsComeFromTheModel) {
-  REQUIRE_T5_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(t5_assets() + "/spiece.model", "T5 tokenizer assets");
   EXPECT_EQ(real_t5().eos_id(), 1);
   EXPECT_EQ(real_t5().pad_id(), 0);
   EXPECT_EQ(real_t5().unk_id(), 2);
@@ -106,7 +65,7 @@ std::string repeat(const std::string& piece, int n, const std::string& sep = " "
 }
 
 TEST(T5Tokenizer, DroppedTextQuotesWholeWordsAfterTheCut) {
-  REQUIRE_T5_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(t5_assets() + "/spiece.model", "T5 tokenizer assets");
   // "▁cat" is one piece: 300 of them, 255 fit before EOS at max_length 256.
   const Encoding e = real_t5().encode(repeat("cat", 300), 256);
   EXPECT_TRUE(e.truncated);
@@ -118,14 +77,14 @@ TEST(T5Tokenizer, DroppedTextQuotesWholeWordsAfterTheCut) {
 }
 
 TEST(T5Tokenizer, DroppedTextStartsInsideASplitWord) {
-  REQUIRE_T5_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(t5_assets() + "/spiece.model", "T5 tokenizer assets");
   // ▁super|cali|frag|il|istic|...: only "▁super" fits after 254 words.
   EXPECT_EQ(real_t5().encode(repeat("cat", 254) + " supercalifragilisticexpialidocious", 256).dropped,
             "califragilisticexpialidocious");
 }
 
 TEST(T5Tokenizer, DroppedTextIsTheOriginalUnnormalisedText) {
-  REQUIRE_T5_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(t5_assets() + "/spiece.model", "T5 tokenizer assets");
   // nmt_nfkc turns the fullwidth letters into "▁ABC" "123"; the quote keeps what the user wrote.
   const std::string tail = "\xEF\xBC\xA1\xEF\xBC\xA2\xEF\xBC\xA3\xEF\xBC\x91\xEF\xBC\x92\xEF\xBC\x93  and   more";
   const Encoding e = real_t5().encode(repeat("cat", 255) + "   " + tail + "  ", 256);
@@ -133,7 +92,7 @@ TEST(T5Tokenizer, DroppedTextIsTheOriginalUnnormalisedText) {
 }
 
 TEST(T5Tokenizer, MaxLengthBelowTwoIsAnError) {
-  REQUIRE_T5_ASSETS();
+  FLUXMPI_REQUIRE_ASSET(t5_assets() + "/spiece.model", "T5 tokenizer assets");
   EXPECT_EQ(real_t5().encode("a cat", 2).ids, (std::vector<int64_t>{3, 1}));
   EXPECT_THROW(real_t5().encode("a cat", 1), TokenizerError);
 }
