@@ -167,14 +167,10 @@ void print_summary(const RootRun& root, double total) {
   std::string s = "summary:";
   uint64_t peak = 0;
   for (const auto& t : root.times) {
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.2f", t.seconds);
-    s += str_cat(" ", t.name, " ", seconds, " s (peak ", format_bytes(t.peak_rss), ")");
+    s += str_cat(" ", t.name, " ", seconds_text(t.seconds), " (peak ", format_bytes(t.peak_rss), ")");
     peak = std::max(peak, t.peak_rss);
   }
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%.2f", total);
-  s += str_cat("; total ", seconds, " s; peak RSS of rank 0 ", format_bytes(peak));
+  s += str_cat("; total ", seconds_text(total), "; peak RSS of rank 0 ", format_bytes(peak));
   log::info(s);
 }
 

@@ -1,8 +1,12 @@
 // Tensor messages between ranks under mpiexec (2 and 3 ranks): every dtype, multi-tensor
 // messages, a pipeline of steps with bounded outstanding sends and reused receive buffers, a
-// message large enough for MPI's rendezvous protocol, and the sender-side checks.
+// message large enough for MPI's rendezvous protocol, the time a receiver counts as blocked,
+// and the sender-side checks.
 
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 
 #include "core/error.h"
 #include "dist/message.h"
@@ -131,6 +135,27 @@ TEST(MessageRoundTrip, LargeMessage) {
     expected.tensors = {TensorSpec{at::kFloat, shape}};
     std::vector<at::Tensor> got = messenger.recv(0, expected, at::kCPU);
     EXPECT_TRUE(test::identical("64 MiB payload", got[0], payload(0, 0, 0, 0, shape, at::kFloat)));
+  }
+  env().barrier();
+}
+
+TEST(MessageTiming, AReceiverCountsTheTimeItWaits) {
+  const int P = env().size(), r = env().rank();
+  if (P < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  Messenger messenger(env());
+  EXPECT_EQ(messenger.blocked_seconds(), 0.0);
+  const MessageTag tag{MessageKind::NoisePred, 0, 0, 0};
+  const std::vector<int64_t> shape = {4};
+  if (r == 0) {
+    // Rank 1 cannot have its message before this sleep ends: its wait is at least this long.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    messenger.wait(messenger.send(1, tag, {payload(0, 0, 0, 0, shape, at::kFloat)}));
+  } else if (r == 1) {
+    MessageHeader expected;
+    expected.tag = tag;
+    expected.tensors = {TensorSpec{at::kFloat, shape}};
+    messenger.recv(0, expected, at::kCPU);
+    EXPECT_GE(messenger.blocked_seconds(), 0.15);
   }
   env().barrier();
 }
