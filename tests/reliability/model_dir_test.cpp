@@ -93,9 +93,10 @@ std::vector<BadInput> rows() {
       BadInput("clip_config_disagrees_with_weights", kExitBadInput, "WeightError",
                {"model dir '{model}': text_encoder: tensor 'text_model.encoder.layers.0.mlp.fc1.weight'", "expected [48, "})
           .setup(set_key("text_encoder/config.json", "intermediate_size", 48)),
-      // The VAE runs last, after the denoising loop: its config must be checked against its weights
-      // before any heavy work, like the transformer's, and before a checkpoint is created.
-      BadInput("vae_config_disagrees_with_weights", kExitBadInput, "WeightError", {"model dir '{model}': vae"})
+      // The VAE runs last, after the denoising loop: its config is checked against its weights
+      // at validation, like the transformer's, before any heavy work and any checkpoint.
+      BadInput("vae_config_disagrees_with_weights", kExitBadInput, "WeightError",
+               {"model dir '{model}': vae: tensor 'decoder.up_blocks.0.resnets.", "' not found (expected shape"})
           .setup([](Workspace& w) {
             edit_json(w.model_file("vae/config.json"),
                       [](json& j) { j["layers_per_block"] = j.value("layers_per_block", 1) + 1; });

@@ -42,12 +42,12 @@ std::vector<BadInput> rows() {
           .args({"--prompt", "a \xff cat"}),
       BadInput("cli_seeds_overflow", kExitUsage, "UsageError", {"--seed 9223372036854775807: the seeds of the 2 images"})
           .args({"--seed", "9223372036854775807", "--num-images", "2"}),
-      // No bound on --steps: a trillion steps passes validation, the schedule then fails to
-      // allocate after the text encoders ran, and the checkpoint is left behind.
-      BadInput("cli_steps_too_many", kExitUsage, "UsageError", {"--steps"})
+      // Without a bound a trillion steps passed validation, sized an 8 TB checkpoint and then
+      // failed to allocate the schedule after the text encoders ran.
+      BadInput("cli_steps_too_many", kExitUsage, "UsageError", {"--steps must be at most 10000, got 1000000000000"})
           .args({"--steps", "1000000000000", "--checkpoint", "{work}/out/run.h5"}),
-      // No bound on --threads: a million threads passes validation and the run never ends.
-      BadInput("cli_threads_too_many", kExitUsage, "UsageError", {"--threads"}).args({"--threads", "1000000"}),
+      // Without a bound a million threads passed validation and the run never ended.
+      BadInput("cli_threads_too_many", kExitUsage, "UsageError", {"--threads must be at most 1024, got 1000000"}).args({"--threads", "1000000"}),
       BadInput("cli_checkpoint_exists", kExitUsage, "UsageError",
                {"--checkpoint '{work}/out/run.h5' already exists; continue it with --resume or remove it"})
           .setup(make_file("out/run.h5", "an earlier run\n"))

@@ -211,8 +211,8 @@ std::vector<BadInput> rows() {
             st.remove("encoder.final_layer_norm.weight");
             st.write(path);
           }),
-      // The VAE decodes after the denoising loop; a broken VAE file must be found before any heavy
-      // work, like the transformer's, and before a checkpoint is created.
+      // The VAE decodes after the denoising loop; a broken VAE file is found at validation, like
+      // the transformer's, before any heavy work and any checkpoint.
       BadInput("vae_weights_truncated", kExitBadInput, "WeightError",
                {"'{model}/vae/diffusion_pytorch_model.safetensors': tensor '", "run beyond the data section"})
           .setup([](Workspace& w) {
