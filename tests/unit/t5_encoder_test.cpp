@@ -73,8 +73,8 @@ std::string load_error(const io::T5Config& config, const std::string& path) {
   return "";
 }
 
-/// fp16 runs need an fp16 matmul: Debian's CPU libtorch 1.13 has none (addmm is not implemented
-/// for Half), a CUDA build has. Returns the device to run fp16 on, or nullopt.
+/// fp16 runs need an fp16 matmul: Debian's CPU libtorch 1.13 has no Half kernel for addmm,
+/// a CUDA build has one. Returns the device to run fp16 on, or nullopt.
 std::optional<at::Device> fp16_device() {
   at::Device device = at::hasCUDA() ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   try {
