@@ -156,7 +156,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   }
   if (!c.dry_run) vae::check_vae_weights(dir);
 
-  dist::PlanRequest request;
+  parallel::PlanRequest request;
   request.transformer = tc;
   if (c.dry_run || run.any_encoding()) {
     request.clip = dir.clip_config();
@@ -166,15 +166,15 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   request.world_size = world_size;
   request.dtype_bytes = static_cast<int64_t>(c10::elementSize(dtype));
   request.dtype_label = c.dtype;
-  request.balance = dist::parse_balance(c.balance);
-  request.max_memory = dist::parse_max_memory(c.max_memory, world_size);
-  if (!c.partition.empty()) request.partition = dist::parse_partition(c.partition, world_size, tc.num_blocks());
+  request.balance = parallel::parse_balance(c.balance);
+  request.max_memory = parallel::parse_max_memory(c.max_memory, world_size);
+  if (!c.partition.empty()) request.partition = parallel::parse_partition(c.partition, world_size, tc.num_blocks());
   request.image_tokens = run.geometry.tokens();
   request.text_tokens = *c.max_sequence_length;
   request.microbatch = c.microbatch;
   request.keep_encoders = c.keep_encoders;
   request.attention_chunk_bytes = nn::kAttentionChunkBytes;
-  run.stages.emplace(dist::StagePlan::make(request));
+  run.stages.emplace(parallel::StagePlan::make(request));
 
   if (c.dry_run) {
     out.output = run.stages->table();

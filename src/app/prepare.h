@@ -12,7 +12,7 @@
 #include "app/run_plan.h"
 #include "ckpt/checkpoint_reader.h"
 #include "ckpt/format.h"
-#include "dist/partition.h"
+#include "parallel/partition.h"
 #include "io/model_dir.h"
 #include "models/flux/latents.h"
 
@@ -35,7 +35,7 @@ struct PreparedRun {
   std::vector<ImageProgress> progress;
   bool resumed = false;
   RunPlan plan;
-  std::optional<dist::StagePlan> stages;
+  std::optional<parallel::StagePlan> stages;
 
   bool any_encoding() const;
 };

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/partition.h"
+#include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
 namespace fluxmpi::app {
@@ -22,7 +22,7 @@ struct RunPlan {
   int64_t latent_height = 0, latent_width = 0;
   int passes = 1;
   std::vector<pipeline::WorkGroup> groups;
-  std::vector<dist::BlockRange> ranges;  ///< blocks of each rank
+  std::vector<parallel::BlockRange> ranges;  ///< blocks of each rank
 };
 
 std::string to_json(const RunPlan& plan);

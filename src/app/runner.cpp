@@ -14,8 +14,8 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "core/version.h"
-#include "dist/device.h"
-#include "dist/message.h"
+#include "parallel/device.h"
+#include "parallel/message.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
 #include "models/flux/transformer.h"
@@ -176,7 +176,7 @@ void print_summary(const RootRun& root, double total) {
 
 }  // namespace
 
-int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
+int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
   const auto start = Clock::now();
   const int rank = env.rank(), P = env.size();
 
@@ -209,23 +209,23 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
   const at::ScalarType dtype = nn::parse_dtype(plan.dtype);
   at::Device device = at::kCPU;
   flux::FluxTransformer part{nullptr};
-  std::optional<dist::StagePlan> stages;
+  std::optional<parallel::StagePlan> stages;
   pipeline::Fault fault;
   code = kExitOk;
   auto t_load = Clock::now();
   try {
     fault = pipeline::Fault::from_environment();
-    device = dist::select_device(plan.device, env);
-    dist::apply_threads(dist::resolve_threads(static_cast<int>(plan.threads), env));
+    device = parallel::select_device(plan.device, env);
+    parallel::apply_threads(parallel::resolve_threads(static_cast<int>(plan.threads), env));
     if (rank == 0) encode_prompts(*root, device);
     t_load = Clock::now();
     io::ModelDir dir(plan.model);
-    dist::PlanRequest request;
+    parallel::PlanRequest request;
     request.transformer = dir.transformer_config();
     request.world_size = P;
     request.partition = plan.ranges;
-    stages.emplace(dist::StagePlan::make(request));
-    const dist::StageBlocks& b = stages->blocks(rank);
+    stages.emplace(parallel::StagePlan::make(request));
+    const parallel::StageBlocks& b = stages->blocks(rank);
     flux::TransformerPart tp{b.first, b.last + 1, stages->owns_embedders(rank), stages->owns_final_layer(rank)};
     nn::LoadStats stats;
     part = flux::load_flux_transformer(dir, tp, dtype, device, &stats);
@@ -250,8 +250,8 @@ int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env) {
     setup.dtype = dtype;
     setup.device = device;
     setup.fault = fault;
-    std::unique_ptr<dist::Messenger> messenger;
-    if (P > 1) messenger = std::make_unique<dist::Messenger>(env);
+    std::unique_ptr<parallel::Messenger> messenger;
+    if (P > 1) messenger = std::make_unique<parallel::Messenger>(env);
 
     if (rank != 0) {
       auto t0 = Clock::now();

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "dist/mpi_env.h"
+#include "parallel/mpi_env.h"
 
 namespace fluxmpi::app {
 
 /// Runs the command `args` (without the program name). Returns the exit code, the same on every
 /// rank; errors are reported here (main only maps what escapes, which are bugs).
-int run_fluxmpi(const std::vector<std::string>& args, dist::MpiEnv& env);
+int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env);
 
 }  // namespace fluxmpi::app

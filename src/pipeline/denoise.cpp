@@ -8,8 +8,8 @@
 namespace fluxmpi::pipeline {
 namespace {
 
-using dist::MessageKind;
-using dist::MessageTag;
+using parallel::MessageKind;
+using parallel::MessageTag;
 
 // The message that carries a stream state between ranks: the two streams inside the double
 // blocks, the joint stream after them; temb always.
@@ -22,8 +22,8 @@ std::vector<at::Tensor> pack_state(const flux::StreamState& s) {
 
 class Worker {
  public:
-  Worker(const DenoiseSetup& setup, const flux::FluxTransformer& part, const dist::StagePlan& plan, int rank,
-         dist::Messenger* messenger)
+  Worker(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
+         parallel::Messenger* messenger)
       : setup_(setup), part_(part), plan_(plan), rank_(rank), P_(plan.world_size()), messenger_(messenger) {
     FLUX_CHECK(P_ == 1 || messenger_ != nullptr, "a messenger is needed with ", P_, " ranks");
     const int64_t S = setup.text_tokens;
@@ -152,16 +152,16 @@ class Worker {
 
   const DenoiseSetup& setup_;
   const flux::FluxTransformer& part_;
-  const dist::StagePlan& plan_;
+  const parallel::StagePlan& plan_;
   int rank_, P_;
-  dist::Messenger* messenger_;
+  parallel::Messenger* messenger_;
   flux::RopeTables rope_;
 };
 
 }  // namespace
 
-void denoise(const DenoiseSetup& setup, const flux::FluxTransformer& part, const dist::StagePlan& plan, int rank,
-             dist::Messenger* messenger, RootState* root) {
+void denoise(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
+             parallel::Messenger* messenger, RootState* root) {
   c10::InferenceMode guard;
   Worker worker(setup, part, plan, rank, messenger);
   if (rank == 0) {

@@ -17,8 +17,8 @@
 #include <optional>
 #include <vector>
 
-#include "dist/message.h"
-#include "dist/partition.h"
+#include "parallel/message.h"
+#include "parallel/partition.h"
 #include "pipeline/fault.h"
 #include "models/flux/transformer.h"
 #include "sched/flow_match_euler.h"
@@ -74,7 +74,7 @@ struct RootState {
 
 /// Runs this rank's share of every step of every group. `messenger` may be null when P = 1.
 /// `root` is required on rank 0 and ignored elsewhere.
-void denoise(const DenoiseSetup& setup, const flux::FluxTransformer& part, const dist::StagePlan& plan, int rank,
-             dist::Messenger* messenger, RootState* root);
+void denoise(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
+             parallel::Messenger* messenger, RootState* root);
 
 }  // namespace fluxmpi::pipeline

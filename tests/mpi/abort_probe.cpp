@@ -12,14 +12,14 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/message.h"
-#include "dist/mpi_env.h"
+#include "parallel/message.h"
+#include "parallel/mpi_env.h"
 
 namespace {
 
 using namespace fluxmpi;
 
-void run(const dist::MpiEnv& env, const std::string& scenario) {
+void run(const parallel::MpiEnv& env, const std::string& scenario) {
   env.barrier();  // start-up is over
   const int failing = env.size() - 1;
   if (env.rank() == failing) {
@@ -28,12 +28,12 @@ void run(const dist::MpiEnv& env, const std::string& scenario) {
     std::fflush(stderr);
   }
   if (scenario == "recv") {
-    dist::Messenger messenger(env);
+    parallel::Messenger messenger(env);
     if (env.rank() == failing) throw WeightError("probe: the last rank fails while rank 0 waits for its message");
     if (env.rank() == 0) {
-      dist::MessageHeader expected;
-      expected.tag = dist::MessageTag{dist::MessageKind::NoisePred, 0, 0, 0};
-      expected.tensors = {dist::TensorSpec{at::kFloat, {1, 16, 64}}};
+      parallel::MessageHeader expected;
+      expected.tag = parallel::MessageTag{parallel::MessageKind::NoisePred, 0, 0, 0};
+      expected.tensors = {parallel::TensorSpec{at::kFloat, {1, 16, 64}}};
       messenger.recv(failing, expected, at::kCPU);
     }
   } else if (scenario == "collective" || scenario == "unwind") {
@@ -51,14 +51,14 @@ int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   if (scenario == "unwind") {
     try {
-      dist::MpiEnv env(&argc, &argv);
+      parallel::MpiEnv env(&argc, &argv);
       run(env, scenario);
     } catch (const Error& e) {
       log::report(e);  // not reached on the failing rank: the environment aborted the job
     }
     return 0;
   }
-  dist::MpiEnv env(&argc, &argv);
+  parallel::MpiEnv env(&argc, &argv);
   try {
     run(env, scenario);
   } catch (const Error& e) {

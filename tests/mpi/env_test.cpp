@@ -11,11 +11,11 @@
 
 #include "core/error.h"
 #include "core/units.h"
-#include "dist/device.h"
-#include "dist/partition.h"
+#include "parallel/device.h"
+#include "parallel/partition.h"
 #include "mpi_test_main.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 const MpiEnv& env() { return test::mpi_env(); }
@@ -31,7 +31,7 @@ TEST(RuntimeBaseline, CoversAFreshProcess) {
   ASSERT_GT(rss, 0u) << "cannot read VmRSS";
   std::printf("[rank %d] resident after MPI + libtorch start-up: %s (baseline constant %s)\n", env().rank(),
               format_bytes(rss).c_str(), format_bytes(kRuntimeBaselineBytes).c_str());
-  EXPECT_LE(rss, kRuntimeBaselineBytes) << "kRuntimeBaselineBytes (src/dist/partition.h) is below a measured "
+  EXPECT_LE(rss, kRuntimeBaselineBytes) << "kRuntimeBaselineBytes (src/parallel/partition.h) is below a measured "
                                         << format_bytes(rss);
   env().barrier();
 }
@@ -101,4 +101,4 @@ TEST(DeviceBinding, ThreadRule) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

@@ -6,10 +6,10 @@
 #include <functional>
 
 #include "core/error.h"
-#include "dist/message.h"
+#include "parallel/message.h"
 #include "mpi_test_main.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 const MpiEnv& env() { return test::mpi_env(); }
@@ -75,4 +75,4 @@ TEST(MessageMismatch, WrongDtypeOrShape) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

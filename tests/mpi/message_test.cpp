@@ -9,11 +9,11 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/message.h"
+#include "parallel/message.h"
 #include "mpi_test_main.h"
 #include "support/tensor_compare.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 const MpiEnv& env() { return test::mpi_env(); }
@@ -178,4 +178,4 @@ TEST(MessageSend, HandlesAndSenderChecks) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

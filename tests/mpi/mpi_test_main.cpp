@@ -11,7 +11,7 @@
 namespace fluxmpi::test {
 namespace {
 
-const dist::MpiEnv* g_env = nullptr;
+const parallel::MpiEnv* g_env = nullptr;
 
 class RankFailurePrinter : public testing::EmptyTestEventListener {
  public:
@@ -31,12 +31,12 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 
 }  // namespace
 
-const dist::MpiEnv& mpi_env() { return *g_env; }
+const parallel::MpiEnv& mpi_env() { return *g_env; }
 
 }  // namespace fluxmpi::test
 
 int main(int argc, char** argv) {
-  fluxmpi::dist::MpiEnv env(&argc, &argv);
+  fluxmpi::parallel::MpiEnv env(&argc, &argv);
   fluxmpi::test::g_env = &env;
   testing::InitGoogleTest(&argc, argv);
   if (env.rank() != 0) {

@@ -8,7 +8,7 @@
 
 #include <c10/core/InferenceMode.h>
 
-#include "dist/partition.h"
+#include "parallel/partition.h"
 #include "io/model_dir.h"
 #include "io/png.h"
 #include "models/flux/latents.h"
@@ -74,9 +74,9 @@ TEST_P(PipelineParity, WholeRunMatchesDiffusers) {
   EXPECT_TRUE(close_to(where + "prompt_embeds", e.prompt_embeds, ref.get("prompt_embeds")[0], test::kTolPipelineFp32));
 
   // Stage 2: every image is its own work group, as the command runs them.
-  dist::PlanRequest request;
+  parallel::PlanRequest request;
   request.transformer = tc;
-  dist::StagePlan plan = dist::StagePlan::make(request);
+  parallel::StagePlan plan = parallel::StagePlan::make(request);
   flux::FluxTransformer part = flux::load_flux_transformer(dir, flux::TransformerPart::whole(tc), at::kFloat, at::kCPU);
   DenoiseSetup setup;
   setup.steps = steps;

@@ -6,9 +6,9 @@
 #include <functional>
 
 #include "core/error.h"
-#include "dist/message.h"
+#include "parallel/message.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 MessageHeader joint_header() {
@@ -116,4 +116,4 @@ TEST(MessageHeader, OfTakesDtypesAndShapesFromTensors) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

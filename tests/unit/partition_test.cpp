@@ -11,12 +11,12 @@
 
 #include "core/error.h"
 #include "core/units.h"
-#include "dist/partition.h"
+#include "parallel/partition.h"
 #include "io/model_dir.h"
 #include "models/common/attention.h"
 #include "support/fixtures.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 constexpr uint64_t kGiB = 1ull << 30;
@@ -546,4 +546,4 @@ TEST(KeyOwnership, EveryFixtureKeyHasOneOwner) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

@@ -9,7 +9,7 @@
 
 #include <map>
 
-#include "dist/partition.h"
+#include "parallel/partition.h"
 #include "models/common/init.h"
 #include "models/flux/latents.h"
 #include "pipeline/denoise.h"
@@ -43,9 +43,9 @@ class Denoise : public testing::Test {
     config_.axes_dims_rope = {4, 6, 6};
     model_ = flux::FluxTransformer(config_, flux::TransformerPart::whole(config_));
     nn::fill_random(*model_, 4);
-    dist::PlanRequest r;
+    parallel::PlanRequest r;
     r.transformer = config_;
-    plan_.emplace(dist::StagePlan::make(r));
+    plan_.emplace(parallel::StagePlan::make(r));
     setup_.steps = 4;
     setup_.text_tokens = 6;
     setup_.latent_height = 4;
@@ -66,7 +66,7 @@ class Denoise : public testing::Test {
 
   io::TransformerConfig config_;
   flux::FluxTransformer model_{nullptr};
-  std::optional<dist::StagePlan> plan_;
+  std::optional<parallel::StagePlan> plan_;
   DenoiseSetup setup_;
   RootState root_;
   at::Generator gen_ = at::make_generator<at::CPUGeneratorImpl>(9);

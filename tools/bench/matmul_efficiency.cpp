@@ -13,8 +13,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/device.h"
-#include "dist/partition.h"
+#include "parallel/device.h"
+#include "parallel/partition.h"
 #include "io/model_dir.h"
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     po::variables_map vm;
     po::store(po::parse_command_line(argc, argv, opts), vm);
     po::notify(vm);
-    dist::apply_threads(threads);
+    parallel::apply_threads(threads);
     c10::InferenceMode guard;
     const at::ScalarType dtype = nn::parse_dtype(dtype_name);
     io::ModelDir dir(model);
@@ -80,12 +80,12 @@ int main(int argc, char** argv) {
       gemm_s = std::min(gemm_s, best_seconds(3, [&] { at::linear(x, w, b); }));
       fwd_s = std::min(fwd_s, best_seconds(1, [&] { t->forward(in, txt_ids, img_ids); }));
     }
-    dist::PlanRequest request;
+    parallel::PlanRequest request;
     request.transformer = tc;
     request.image_tokens = g.tokens();
     request.text_tokens = msl;
     request.attention_chunk_bytes = nn::kAttentionChunkBytes;
-    const double fwd_flops = dist::StagePlan::make(request).estimate(0).step_flops;
+    const double fwd_flops = parallel::StagePlan::make(request).estimate(0).step_flops;
 
     std::printf("model %s: width %lld, %lld + %lld blocks; %lld image + %lld text tokens; %s, %d thread(s)\n", model.c_str(),
                 static_cast<long long>(D), static_cast<long long>(tc.num_layers), static_cast<long long>(tc.num_single_layers),

@@ -5,10 +5,10 @@
 
 #include "app/runner.h"
 #include "core/log.h"
-#include "dist/mpi_env.h"
+#include "parallel/mpi_env.h"
 
 int main(int argc, char** argv) {
-  fluxmpi::dist::MpiEnv env(&argc, &argv);
+  fluxmpi::parallel::MpiEnv env(&argc, &argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   return fluxmpi::app::run_fluxmpi(args, env);
 }

@@ -1,4 +1,4 @@
-#include "dist/message.h"
+#include "parallel/message.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -9,14 +9,14 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/mpi_internal.h"
+#include "parallel/mpi_internal.h"
 #include "models/common/tensor_utils.h"
 
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>
 #endif
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 constexpr int64_t kMagic = 0x464c55584d5049;  // "FLUXMPI"
@@ -331,4 +331,4 @@ void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Ten
   }
 }
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

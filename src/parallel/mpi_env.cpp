@@ -1,4 +1,4 @@
-#include "dist/mpi_env.h"
+#include "parallel/mpi_env.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/mpi_internal.h"
+#include "parallel/mpi_internal.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 void check_mpi(int rc, const std::string& what) {
   if (rc == MPI_SUCCESS) return;
@@ -161,4 +161,4 @@ void MpiEnv::abort(int code) const {
   std::_Exit(code);  // MPI_Abort does not return; this only guards a broken MPI
 }
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

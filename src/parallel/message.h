@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/mpi_env.h"
+#include "parallel/mpi_env.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 /// What travels, in the order of one denoising step.
 enum class MessageKind : int32_t {
@@ -135,4 +135,4 @@ class Messenger {
   double blocked_seconds_ = 0;
 };
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

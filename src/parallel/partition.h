@@ -13,7 +13,7 @@
 
 #include "io/configs.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 /// `--balance compute` (equal block counts: every block costs the same FLOPs per token) or
 /// `--balance memory` (equal estimated peak memory: a double block holds ~2.4x the weights of a
@@ -180,4 +180,4 @@ class StagePlan {
   std::string footer_;  ///< rank 0's stages below them
 };
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

@@ -1,4 +1,4 @@
-#include "dist/partition.h"
+#include "parallel/partition.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/units.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 // Sinusoidal channels of diffusers' Timesteps projection in FLUX's time/guidance embedders.
@@ -602,4 +602,4 @@ std::string StagePlan::table() const {
   return s.str();
 }
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

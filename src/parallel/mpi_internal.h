@@ -1,5 +1,5 @@
 #pragma once
-// MPI handles and error checking shared by the .cpp files of src/dist (the only place that
+// MPI handles and error checking shared by the .cpp files of src/parallel (the only place that
 // includes <mpi.h>). Not part of the public interface.
 
 // The C API only: without these, Open MPI's and MPICH's mpi.h pull in the removed C++ bindings,
@@ -14,9 +14,9 @@
 
 #include <string>
 
-#include "dist/mpi_env.h"
+#include "parallel/mpi_env.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 struct MpiEnv::Comms {
   /// A duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN: fluxmpi's traffic cannot match
@@ -29,4 +29,4 @@ struct MpiEnv::Comms {
 /// Throws CommError "<what> failed on rank r: <MPI error string>" unless rc is MPI_SUCCESS.
 void check_mpi(int rc, const std::string& what);
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

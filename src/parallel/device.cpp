@@ -1,4 +1,4 @@
-#include "dist/device.h"
+#include "parallel/device.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 at::Device select_device(const std::string& flag, const MpiEnv& env) { return select_device(flag, env.local_rank()); }
 
@@ -51,4 +51,4 @@ void apply_threads(int threads) {
   }
 }
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

@@ -1,7 +1,7 @@
 #pragma once
 /// The MPI environment of one fluxmpi process: initialisation and finalisation, where this rank
 /// sits (world and node), and the few collectives the program needs. Created once in main and
-/// passed by reference; <mpi.h> stays inside src/dist/*.cpp.
+/// passed by reference; <mpi.h> stays inside src/parallel/*.cpp.
 ///
 /// A program started without an MPI launcher (no mpirun/mpiexec/srun environment) runs as rank 0
 /// of 1 without initialising MPI at all: Open MPI's singleton start-up costs ~2 s and P = 1 needs
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 class MpiEnv {
  public:
@@ -55,7 +55,7 @@ class MpiEnv {
   /// on one rank, when others may be waiting for it.
   [[noreturn]] void abort(int code) const;
 
-  /// Communicators, kept out of this header (defined in dist/mpi_internal.h).
+  /// Communicators, kept out of this header (defined in parallel/mpi_internal.h).
   struct Comms;
   const Comms& comms() const { return *comms_; }
 
@@ -72,4 +72,4 @@ class MpiEnv {
   bool mpi_ = true;
 };
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

@@ -7,9 +7,9 @@
 #include <ATen/Parallel.h>
 
 #include "core/error.h"
-#include "dist/device.h"
+#include "parallel/device.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 namespace {
 
 TEST(SelectDevice, CpuIsTheCpu) { EXPECT_EQ(select_device("cpu", 3), at::Device(at::kCPU)); }
@@ -60,4 +60,4 @@ TEST(Threads, ApplySetsTheIntraOpCount) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel

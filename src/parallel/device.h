@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "dist/mpi_env.h"
+#include "parallel/mpi_env.h"
 
-namespace fluxmpi::dist {
+namespace fluxmpi::parallel {
 
 /// "cpu" -> kCPU; "cuda" -> cuda:(env.local_rank() % visible GPUs). UsageError naming --device
 /// for other flags, for a libtorch built without CUDA, and when no GPU is visible.
@@ -30,4 +30,4 @@ int resolve_threads(int requested, const MpiEnv& env);
 /// value (noted in the debug log).
 void apply_threads(int threads);
 
-}  // namespace fluxmpi::dist
+}  // namespace fluxmpi::parallel
