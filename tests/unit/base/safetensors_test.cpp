@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +148,29 @@ class TempDir : public testing::Test {
 };
 
 using TensorStoreTest = TempDir;
+
+TEST_F(TensorStoreTest, HollowTensorsAreHolesThatReadAsZeros) {
+  // 1 GiB of declared data between two stored tensors: the file's size says 1 GiB, its blocks
+  // on disk do not, and the stored values sit at their offsets.
+  std::vector<float> a = {1, 2, 3}, b = {4, 5};
+  SafetensorsWriter w;
+  w.add("a", DType::F32, {3}, a.data(), 12);
+  w.add_hollow("big", DType::BF16, {16384, 32768});
+  w.add("b", DType::F32, {2}, b.data(), 8);
+  EXPECT_EQ(w.data_bytes(), 12u + (1ull << 30) + 8u);
+  EXPECT_THROW(w.serialize(), Error);
+  const auto path = dir_ / "hollow.safetensors";
+  w.write(path.string());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_GT(static_cast<uint64_t>(st.st_size), 1ull << 30);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 1ull << 20) << "the hollow tensor took disk space";
+  TensorStore s = TensorStore::open_file(path.string(), "hollow");
+  EXPECT_EQ(s.get("big").entry->shape, (std::vector<int64_t>{16384, 32768}));
+  EXPECT_EQ(reinterpret_cast<const float*>(s.get("a").data())[2], 3.0f);
+  EXPECT_EQ(reinterpret_cast<const float*>(s.get("b").data())[1], 5.0f);
+  EXPECT_EQ(s.get("big").data()[12345], 0);
+}
 
 TEST_F(TensorStoreTest, ReadsSingleFileAndShardedLayouts) {
   std::vector<float> a = {1, 2, 3}, b = {4, 5};
