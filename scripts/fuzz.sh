@@ -20,6 +20,7 @@ case "$seconds" in
 esac
 
 scripts/setup.sh --fuzz
+. scripts/lib/ccache.sh
 BUILD_DIR=${BUILD_DIR:-build-fuzz}
 JOBS=${JOBS:-$(nproc)}
 FUZZ_WORK=${FUZZ_WORK:-$BUILD_DIR/fuzz-work}
@@ -27,7 +28,7 @@ FUZZ_WORK=${FUZZ_WORK:-$BUILD_DIR/fuzz-work}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DFLUXMPI_WITH_TORCH=OFF -DFLUXMPI_BUILD_TESTS=OFF -DFLUXMPI_BUILD_FUZZERS=ON \
-  -DFLUXMPI_SANITIZE=address,undefined >/dev/null
+  -DFLUXMPI_SANITIZE=address,undefined "${CCACHE_CMAKE_ARGS[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]/#/fuzz_}"
 
 failed=()

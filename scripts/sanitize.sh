@@ -9,10 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+. scripts/lib/ccache.sh
 BUILD_DIR=${BUILD_DIR:-build-sanitize}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUXMPI_WITH_TORCH=OFF -DFLUXMPI_BUILD_TESTS=ON \
-  -DFLUXMPI_SANITIZE="${SANITIZERS:-address,undefined}" >/dev/null
+  -DFLUXMPI_SANITIZE="${SANITIZERS:-address,undefined}" "${CCACHE_CMAKE_ARGS[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 # Every report is fatal: a leak, an invalid access, undefined behaviour.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}

@@ -6,9 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+. scripts/lib/ccache.sh
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DFLUXMPI_BUILD_TESTS=ON
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DFLUXMPI_BUILD_TESTS=ON "${CCACHE_CMAKE_ARGS[@]}"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 # Open MPI refuses root unless told; CI runs as root.
 if [ "$(id -u)" -eq 0 ]; then
