@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "ckpt/checkpoint_reader.h"
+#include "io/model_dir.h"
 #include "io/png.h"
 #include "job_runner.h"
 #include "support/fixtures.h"

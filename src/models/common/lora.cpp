@@ -111,6 +111,9 @@ void merge_updates(const std::vector<LoraUpdate>& updates, at::Tensor& w) {
     at::Tensor down = read_fp32(*u.file, *pair.down);
     at::Tensor delta = at::mm(up, down).mul_(static_cast<float>(u.file->factor(pair)));
     w.narrow(0, u.rows.target_row_begin, rows).add_(delta);
+    // The pair's pages are not needed any more (a fused module's other rows map them again).
+    u.file->file().release(*pair.up);
+    u.file->file().release(*pair.down);
   }
 }
 
