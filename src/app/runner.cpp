@@ -219,7 +219,10 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     fault = pipeline::Fault::from_environment();
     device = parallel::select_device(plan.device, env);
     parallel::apply_threads(parallel::resolve_threads(static_cast<int>(plan.threads), env));
-    if (rank == 0) encode_prompts(*root, device);
+    if (rank == 0) {
+      encode_prompts(*root, device);
+      root->prepared.loras = LoraCheck{};  // unmapped: each rank reopens the LoRAs for its slice below
+    }
     t_load = Clock::now();
     io::ModelDir dir(plan.model);
     parallel::PlanRequest request;

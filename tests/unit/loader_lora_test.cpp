@@ -19,9 +19,21 @@
 namespace fluxmpi::nn {
 namespace {
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("fluxmpi-lora-" + std::to_string(::getpid()) + "-" + name)).string();
+// The test files live in one folder, removed when the program ends.
+const std::filesystem::path& temp_dir() {
+  static const struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("fluxmpi-lora-test-" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } dir;
+  return dir.path;
 }
+
+std::string temp_path(const std::string& name) { return (temp_dir() / name).string(); }
 
 void add(io::SafetensorsWriter& w, const std::string& key, const at::Tensor& value, io::DType dtype = io::DType::F32) {
   at::ScalarType st = dtype == io::DType::BF16 ? at::kBFloat16 : dtype == io::DType::F16 ? at::kHalf : at::kFloat;
@@ -234,7 +246,7 @@ TEST(LoraMerge, LoaderRoundsTheMergedWeightOnceToTheRunDtype) {
   rules.adjust.apply = [&](const std::string&, at::Tensor& t) { inner.apply("lin.weight", t); };
   io::TensorStore store = io::TensorStore::open_file(base_path, "base");
   load_module(*lin, store, rules, at::kBFloat16, at::kCPU);
-  const at::Tensor merged = w + at::mm(up, down).mul_(0.5f * 1.0f / 2.0f);
+  const at::Tensor merged = at::addmm(w, up, down, /*beta=*/1, /*alpha=*/0.5 * 1.0 / 2.0);
   EXPECT_TRUE(test::identical("bf16 weight = bf16(fp32 merge)", lin->weight, merged.to(at::kBFloat16)));
   EXPECT_TRUE(test::identical("bias untouched", lin->bias, bias.to(at::kBFloat16)));
 }

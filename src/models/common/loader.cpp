@@ -74,9 +74,11 @@ LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, c
     io::TensorView view = store.get(key);
     at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
     if (rules.adjust.wants(name)) {
-      at::Tensor merged = borrow(view).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      // An fp32 run on the CPU merges in place; otherwise in an fp32 copy, then rounded once.
+      at::Tensor merged = dtype == at::kFloat && device.is_cpu() ? value : at::empty(param.sizes(), at::kFloat);
+      merged.copy_(borrow(view));
       rules.adjust.apply(name, merged);
-      value.copy_(merged);
+      if (!merged.is_same(value)) value.copy_(merged);
     } else {
       value.copy_(borrow(view));
     }

@@ -109,8 +109,9 @@ void merge_updates(const std::vector<LoraUpdate>& updates, at::Tensor& w) {
                "LoRA '", pair.stem, "' does not fit '", u.rows.module, "' ", shape_string(w.sizes()));
     at::Tensor up = read_fp32(*u.file, *pair.up).narrow(0, u.rows.row_begin, rows);
     at::Tensor down = read_fp32(*u.file, *pair.down);
-    at::Tensor delta = at::mm(up, down).mul_(static_cast<float>(u.file->factor(pair)));
-    w.narrow(0, u.rows.target_row_begin, rows).add_(delta);
+    // W[rows] += factor * up @ down in one BLAS call: no temporary of the weight's size.
+    at::Tensor target = w.narrow(0, u.rows.target_row_begin, rows);
+    target.addmm_(up, down, /*beta=*/1, /*alpha=*/u.file->factor(pair));
     // The pair's pages are not needed any more (a fused module's other rows map them again).
     u.file->file().release(*pair.up);
     u.file->file().release(*pair.down);
