@@ -4,7 +4,8 @@
 // pipeline::TextEncoders, as rank 0 runs stage 1. Every merged weight equals the merge computed by
 // hand in float64 (W + sum of scale * alpha / r * up @ down, kTolFp32 = 1e-5 relative); weights no
 // LoRA names are bit-identical to the base model's; the pooled CLIP output and the T5 states equal
-// those of base encoders whose weights were set to the hand-computed merge.
+// those of base encoders whose weights were set to the hand-computed merge. In an fp16 load, T5's
+// fp32 `wo` keeps its merge (fp16 tolerance 1e-3 for the rounded weights).
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -136,6 +137,20 @@ TEST(TextEncoderLora, MergesMatchAHandComputedMergeOnTheTinyEncoders) {
     }
   }
   EXPECT_EQ(merged, 4) << "CLIP q_proj (both LoRAs), CLIP fc1, T5 q, T5 wo";
+
+  // fp16: T5's `wo` stays fp32 (re-read from the file, transformers' _keep_in_fp32_modules) and
+  // still carries its merge; the other weights are the fp32 merge rounded once to fp16.
+  auto t5_half = text_models::load_t5_encoder(
+      dir.t5_config(), dir.open_weights("text_encoder_2"), at::kHalf, at::kCPU,
+      nn::LoraSet(loras, io::LoraTarget::T5, t5_shapes, nn::underscored_names(t5_shapes)).adjust());
+  for (const auto& p : t5_half->named_parameters(true)) {
+    if (p.key() == wo + ".weight") {
+      ASSERT_EQ(p.value().scalar_type(), at::kFloat) << p.key();
+      EXPECT_TRUE(test::close_to(p.key() + " (fp16 run, kept in fp32)", p.value(), want[p.key()].to(at::kFloat), test::kTolFp32));
+    } else if (p.key() == t5q + ".weight") {
+      EXPECT_TRUE(test::close_to(p.key() + " (fp16 run)", p.value().to(at::kFloat), want[p.key()].to(at::kFloat), 1e-3));
+    }
+  }
 
   // Stage 1 as rank 0 runs it.
   TextEncoders encoders(dir, at::kFloat, at::kCPU, loras);
