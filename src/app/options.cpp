@@ -39,6 +39,7 @@ struct Spec {
   const char* fallback;    // default when absent (shown in --help); nullptr = none or model-dependent
   const char* help;
   bool cli_only;           // --config, --help, --version: not INI keys
+  bool repeatable = false; // --lora: every occurrence counts (the command line's replace the INI file's)
 };
 
 // A side of 65536 pixels is already 16.7M image tokens, far beyond what attention over them can
@@ -58,6 +59,9 @@ const Spec kSpecs[] = {
      "diffusers FluxPipeline folder (FLUX.1-dev or FLUX.1-schnell); with --resume, default: the one the checkpoint names", false},
     {"dtype", 0, Group::Model, Kind::Text, "fp32|bf16|fp16", nullptr,
      "compute dtype (default: fp32 on cpu, bf16 on cuda); weights of any dtype are converted", false},
+    {"lora", 0, Group::Model, Kind::Text, "FILE[:SCALE]", nullptr,
+     "merge a LoRA (diffusers/PEFT or kohya safetensors) into the weights, scaled (default 1); repeatable, "
+     "stacked in the order given", false, /*repeatable=*/true},
 
     {"prompt", 0, Group::Sampling, Kind::Text, "TEXT", nullptr, "the prompt (CLIP, and T5 unless --prompt-2)", false},
     {"prompts-file", 0, Group::Sampling, Kind::Text, "FILE", nullptr,
@@ -155,11 +159,18 @@ class Settings {
     std::string source;  // "" = command line, else the INI file
   };
 
-  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  bool has(const std::string& name) const { return values_.count(name) != 0 || lists_.count(name) != 0; }
   void set(const std::string& name, Value v) { values_[name] = std::move(v); }
+  // Repeatable options: every value in order.
+  void append(const std::string& name, Value v) { lists_[name].push_back(std::move(v)); }
+  std::vector<Value> list(const std::string& name) const {
+    auto it = lists_.find(name);
+    return it == lists_.end() ? std::vector<Value>() : it->second;
+  }
   std::set<std::string> names() const {
     std::set<std::string> out;
     for (const auto& [name, v] : values_) out.insert(name);
+    for (const auto& [name, v] : lists_) out.insert(name);
     return out;
   }
 
@@ -169,6 +180,10 @@ class Settings {
                             ? str_cat(" (set in config file '", it->second.source, "')")
                             : std::string();
     throw UsageError(str_cat("--", name, " ", problem, where));
+  }
+  [[noreturn]] void fail(const Value& v, const std::string& name, const std::string& problem) const {
+    throw UsageError(str_cat("--", name, " ", problem,
+                             v.source.empty() ? std::string() : str_cat(" (set in config file '", v.source, "')")));
   }
 
   std::optional<std::string> optional_text(const std::string& name) const {
@@ -240,6 +255,7 @@ class Settings {
 
  private:
   std::map<std::string, Value> values_;
+  std::map<std::string, std::vector<Value>> lists_;
 };
 
 // --- Reading the command line and the INI file -------------------------------------------------
@@ -271,6 +287,11 @@ void read_command_line(const std::vector<std::string>& args, Settings& settings)
     if (o.string_key == "unexpected-argument")
       throw UsageError(str_cat("unexpected argument '", o.value.empty() ? "" : o.value.front(),
                                "' (every value follows its option, e.g. --prompt \"a cat\")"));
+    const Spec* spec = find_spec(o.string_key);
+    if (spec != nullptr && spec->repeatable) {
+      settings.append(o.string_key, {o.value.empty() ? std::string() : o.value.front(), ""});
+      continue;
+    }
     if (settings.has(o.string_key)) throw UsageError(str_cat("--", o.string_key, " is given more than once"));
     settings.set(o.string_key, {o.value.empty() ? "true" : o.value.front(), ""});
   }
@@ -302,6 +323,9 @@ void read_config_file(const std::string& path, Settings& settings) {
   }
   const bool cli_prompt = settings.has("prompt") || settings.has("prompts-file");
   std::set<std::string> seen;
+  std::set<std::string> cli_lists;  // repeatable options given on the command line: the INI's lines are ignored
+  for (const Spec& s : kSpecs)
+    if (s.repeatable && settings.has(s.name)) cli_lists.insert(s.name);
   for (const po::option& o : parsed.options) {
     const std::string& key = o.string_key;
     if (o.unregistered) {
@@ -311,6 +335,10 @@ void read_config_file(const std::string& path, Settings& settings) {
                              ? std::string(" (keys are the long option names at the top level, without [sections])")
                              : std::string(" (keys are the long option names, see fluxmpi --help)");
       throw UsageError(str_cat(label, ": unknown key '", key, "'", hint));
+    }
+    if (const Spec* spec = find_spec(key); spec != nullptr && spec->repeatable) {
+      if (!cli_lists.count(key)) settings.append(key, {unquote(o.value.empty() ? std::string() : o.value.front()), path});
+      continue;
     }
     if (!seen.insert(key).second) throw UsageError(str_cat(label, ": key '", key, "' is set more than once"));
     if (settings.has(key) || (cli_prompt && is_prompt_source(key))) continue;  // the command line wins
@@ -345,6 +373,25 @@ void check_model(const Settings& s, RunConfig& c) {
   std::error_code ec;
   if (!fs::exists(c.model, ec)) s.fail("model", str_cat("'", c.model, "': not found"));
   if (!fs::is_directory(c.model, ec)) s.fail("model", str_cat("'", c.model, "': not a directory"));
+}
+
+// --lora FILE[:SCALE], in the order given: each file must exist (its contents are checked against
+// the model by prepare_run). Stored with the absolute path, so that the other ranks, the checkpoint
+// and --resume name the same file.
+void check_loras(const Settings& s, RunConfig& c) {
+  for (const Settings::Value& v : s.list("lora")) {
+    io::LoraSpec spec;
+    try {
+      spec = io::parse_lora_spec(v.text);
+    } catch (const UsageError& e) {
+      s.fail(v, "lora", e.what());
+    }
+    std::error_code ec;
+    if (!fs::exists(spec.path, ec)) s.fail(v, "lora", str_cat("'", spec.path, "': not found"));
+    if (!fs::is_regular_file(spec.path, ec)) s.fail(v, "lora", str_cat("'", spec.path, "': not a file"));
+    spec.path = fs::absolute(spec.path, ec).lexically_normal().string();
+    c.loras.push_back(spec);
+  }
 }
 
 void check_prompts(const Settings& s, RunConfig& c) {
@@ -429,6 +476,7 @@ RunConfig validate(const Settings& s) {
   c.dry_run = s.flag("dry-run");
 
   check_model(s, c);
+  check_loras(s, c);
   check_prompts(s, c);
   check_output_and_checkpoints(s, c);
   return c;

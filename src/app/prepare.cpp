@@ -29,6 +29,7 @@ void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
   if (!c.was_given("max-sequence-length")) c.max_sequence_length = a.max_sequence_length;
   if (!c.was_given("seed")) c.seed = a.seed;
   if (!c.was_given("dtype")) c.dtype = a.dtype;
+  if (!c.was_given("lora")) c.loras = a.loras;
   if (!c.was_given("true-cfg") && !c.was_given("negative-prompt") && ckpt::uses_true_cfg(a)) {
     c.true_cfg = a.true_cfg_scale;
     c.negative_prompt = a.negative_prompt;
@@ -52,6 +53,7 @@ ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, con
   a.true_cfg_scale = c.true_cfg_enabled() ? c.true_cfg : 1.0;
   a.max_sequence_length = *c.max_sequence_length;
   a.dtype = c.dtype;
+  a.loras = c.loras;
   return a;
 }
 
@@ -155,6 +157,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
     dir.check_transformer_weights(store);
   }
   if (!c.dry_run) vae::check_vae_weights(dir);
+  run.loras = check_loras(c.loras, dir, /*with_text=*/c.dry_run || run.any_encoding());
 
   parallel::PlanRequest request;
   request.transformer = tc;
@@ -177,7 +180,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   run.stages.emplace(parallel::StagePlan::make(request));
 
   if (c.dry_run) {
-    out.output = run.stages->table();
+    out.output = run.stages->table() + lora_table(run.loras, *run.stages);
     return out;
   }
 
@@ -193,6 +196,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   plan.latent_width = run.geometry.latent_width;
   plan.passes = c.true_cfg_enabled() ? 2 : 1;
   plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
+  plan.loras = c.loras;
   for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
   out.run = std::move(run);
   return out;

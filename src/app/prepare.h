@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "app/job.h"
+#include "app/loras.h"
 #include "app/run_config.h"
 #include "app/run_plan.h"
 #include "ckpt/checkpoint_reader.h"
@@ -36,6 +37,7 @@ struct PreparedRun {
   bool resumed = false;
   RunPlan plan;
   std::optional<parallel::StagePlan> stages;
+  LoraCheck loras;  ///< the --lora files, checked against the model
 
   bool any_encoding() const;
 };

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "io/lora_file.h"
 
 namespace fluxmpi::app {
 
@@ -25,6 +26,8 @@ struct RunConfig {
   std::string model;   ///< --model: diffusers FluxPipeline folder; empty only with --resume (the checkpoint names it)
   std::string dtype;   ///< "fp32" | "bf16" | "fp16"; default fp32 on cpu, bf16 on cuda
   std::string device = "cpu";  ///< "cpu" | "cuda"
+  /// --lora FILE[:SCALE], repeatable, in the order given (merged in that order); absolute paths.
+  std::vector<io::LoraSpec> loras;
 
   // Sampling.
   /// From --prompt (one) or --prompts-file (one per non-blank line). Empty only with --resume

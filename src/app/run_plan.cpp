@@ -21,6 +21,7 @@ std::string to_json(const RunPlan& p) {
   for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
   j["ranges"] = nlohmann::json::array();
   for (const auto& r : p.ranges) j["ranges"].push_back({r.first, r.last});
+  j["loras"] = nlohmann::json::parse(io::loras_to_json(p.loras));
   return j.dump();
 }
 
@@ -41,6 +42,9 @@ RunPlan run_plan_from_json(const std::string& text) {
     for (const auto& g : j.at("groups"))
       p.groups.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<int64_t>()});
     for (const auto& r : j.at("ranges")) p.ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+    auto loras = io::loras_from_json(j.at("loras").dump());
+    if (!loras) throw CommError("malformed run plan from rank 0: 'loras'");
+    p.loras = std::move(*loras);
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw CommError(str_cat("malformed run plan from rank 0: ", e.what()));

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "io/lora_file.h"
 #include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
@@ -23,6 +24,7 @@ struct RunPlan {
   int passes = 1;
   std::vector<pipeline::WorkGroup> groups;
   std::vector<parallel::BlockRange> ranges;  ///< blocks of each rank
+  std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns
 };
 
 std::string to_json(const RunPlan& plan);

@@ -18,6 +18,7 @@
 #include "parallel/message.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
+#include "models/flux/lora_targets.h"
 #include "models/flux/transformer.h"
 #include "models/vae/image_processor.h"
 #include "models/vae/vae_decoder.h"
@@ -76,7 +77,7 @@ void encode_prompts(RootRun& root, at::Device device) {
   PreparedRun& run = root.prepared;
   if (!run.any_encoding()) return;
   auto t0 = Clock::now();
-  pipeline::TextEncoders encoders(*run.model, root.dtype, device);
+  pipeline::TextEncoders encoders(*run.model, root.dtype, device, run.loras.files);
   const int64_t msl = *run.config.max_sequence_length;
   std::map<std::pair<std::string, std::string>, pipeline::PromptEmbedding> cache;
   auto embed = [&](const std::string& p, const std::string& p2, const std::string& what) {
@@ -145,6 +146,7 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
       {"dtype", a.dtype},
       {"software", str_cat("fluxmpi ", kVersion)},
   };
+  if (!a.loras.empty()) t.push_back({"loras", io::loras_to_json(a.loras)});
   if (ckpt::uses_true_cfg(a)) {
     t.push_back({"negative_prompt", a.negative_prompt});
     t.push_back({"true_cfg_scale", str_cat(a.true_cfg_scale)});
@@ -217,7 +219,10 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     fault = pipeline::Fault::from_environment();
     device = parallel::select_device(plan.device, env);
     parallel::apply_threads(parallel::resolve_threads(static_cast<int>(plan.threads), env));
-    if (rank == 0) encode_prompts(*root, device);
+    if (rank == 0) {
+      encode_prompts(*root, device);
+      root->prepared.loras = LoraCheck{};  // unmapped: each rank reopens the LoRAs for its slice below
+    }
     t_load = Clock::now();
     io::ModelDir dir(plan.model);
     parallel::PlanRequest request;
@@ -228,9 +233,17 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     const parallel::StageBlocks& b = stages->blocks(rank);
     flux::TransformerPart tp{b.first, b.last + 1, stages->owns_embedders(rank), stages->owns_final_layer(rank)};
     nn::LoadStats stats;
-    part = flux::load_flux_transformer(dir, tp, dtype, device, &stats);
+    // Every rank opens the LoRAs itself and merges only the updates of the modules it loads.
+    const LoraFiles loras = open_lora_files(plan.loras);
+    auto applied = std::make_shared<std::vector<int64_t>>();
+    nn::WeightAdjust merge;
+    if (!loras.empty()) merge = flux::flux_lora_set(loras, dir.transformer_config()).adjust(applied);
+    part = flux::load_flux_transformer(dir, tp, dtype, device, &stats, merge);
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
                seconds_text(seconds_since(t_load)));
+    for (size_t f = 0; f < loras.size(); ++f)
+      log::debug("LoRA ", io::lora_spec_text(loras[f]->spec()), ": merged into ", (*applied)[f], " weights of blocks ",
+                 b.describe());
   } catch (const std::exception& e) {
     code = report(e);
   }

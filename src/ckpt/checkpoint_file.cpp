@@ -171,6 +171,12 @@ void CheckpointFile::validate_image(int64_t i) {
   a.true_cfg_scale = h5::read_float_attribute(g.get(), "true_cfg_scale", group_where);
   a.max_sequence_length = h5::read_int_attribute(g.get(), "max_sequence_length", group_where);
   a.dtype = h5::read_string_attribute(g.get(), "dtype", group_where);
+  if (h5::has_attribute(g.get(), "loras")) {
+    auto loras = io::loras_from_json(h5::read_string_attribute(g.get(), "loras", group_where));
+    if (!loras)
+      throw CheckpointError(str_cat(group_where, ": attribute 'loras' is not a JSON array of {\"file\", \"scale\"}"));
+    a.loras = std::move(*loras);
+  }
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

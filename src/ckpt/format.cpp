@@ -195,6 +195,12 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     d.field(w, "true_cfg_scale", s.true_cfg_scale, r.true_cfg_scale);
     d.field(w, "max_sequence_length", s.max_sequence_length, r.max_sequence_length);
     d.field(w, "dtype", s.dtype, r.dtype);
+    d.field(w, "number of loras", static_cast<int64_t>(s.loras.size()), static_cast<int64_t>(r.loras.size()));
+    for (size_t l = 0; l < s.loras.size() && l < r.loras.size(); ++l) {
+      const std::string file = str_cat("loras[", l, "].file"), scale = str_cat("loras[", l, "].scale");
+      d.field(w, file.c_str(), s.loras[l].path, r.loras[l].path);
+      d.field(w, scale.c_str(), s.loras[l].scale, r.loras[l].scale);
+    }
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/configs.h"
+#include "io/lora_file.h"
 
 namespace fluxmpi::ckpt {
 
@@ -55,6 +56,9 @@ struct ImageAttributes {
   double true_cfg_scale = 1;
   int64_t max_sequence_length = 0;
   std::string dtype;                ///< run dtype: "fp32" | "bf16" | "fp16"
+  /// The LoRAs merged, in order (attribute `loras`: JSON [{"file": ..., "scale": ...}]; absent in
+  /// files written before LoRAs existed, which means none).
+  std::vector<io::LoraSpec> loras;
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the

@@ -112,12 +112,13 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, bool trac
 }
 
 ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::TensorStore& store,
-                                   at::ScalarType dtype, at::Device device) {
+                                   at::ScalarType dtype, at::Device device, const nn::WeightAdjust& adjust) {
   ClipTextModel model(config);
   nn::LoadRules rules;
   // A buffer of older transformers checkpoints, and the projection of CLIPTextModelWithProjection:
   // CLIPTextModel never uses either.
   rules.skip_prefixes = {"text_model.embeddings.position_ids", "text_projection."};
+  rules.adjust = adjust;
   nn::load_module(*model, store, rules, dtype, device);
   return model;
 }

@@ -14,6 +14,7 @@
 #include "io/model_dir.h"
 #include "io/tensor_store.h"
 #include "models/common/layers.h"
+#include "models/common/loader.h"
 #include "models/text_encoder_common.h"
 
 namespace fluxmpi::text_models {
@@ -124,9 +125,9 @@ at::Tensor clip_pool_positions(const at::Tensor& ids, int64_t eos_token_id);
 
 /// Builds the model from `config` and loads it from `store` (keys `text_model.*`; the
 /// `text_model.embeddings.position_ids` buffer and `text_projection.*` are ignored, every other
-/// unclaimed key is a WeightError).
+/// unclaimed key is a WeightError). `adjust` changes weights while they load (LoRA merges).
 ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::TensorStore& store,
-                                   at::ScalarType dtype, at::Device device);
+                                   at::ScalarType dtype, at::Device device, const nn::WeightAdjust& adjust = {});
 /// The same from `dir`/text_encoder (config.json + weights).
 ClipTextModel load_clip_text_model(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
 

@@ -162,12 +162,13 @@ T5EncoderOutput T5EncoderModelImpl::forward(const at::Tensor& input_ids, bool tr
 }
 
 T5EncoderModel load_t5_encoder(const io::T5Config& config, const io::TensorStore& store, at::ScalarType dtype,
-                               at::Device device) {
+                               at::Device device, const nn::WeightAdjust& adjust) {
   T5EncoderModel model(config);
   nn::LoadRules rules;
   // T5EncoderModel runs neither the decoder nor the LM head of a full T5 checkpoint.
   rules.skip_prefixes = {"decoder.", "lm_head."};
   rules.aliases["shared.weight"] = {"encoder.embed_tokens.weight"};
+  rules.adjust = adjust;
   nn::load_module(*model, store, rules, dtype, device);
   if (dtype == at::kHalf) {
     // transformers loads T5's `wo` in fp32 for fp16 runs (_keep_in_fp32_modules): its output
@@ -177,7 +178,13 @@ T5EncoderModel load_t5_encoder(const io::T5Config& config, const io::TensorStore
       const std::string& key = item.key();
       const std::string suffix = ".DenseReluDense.wo.weight";
       if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
-        item.value().set_data(nn::read_tensor(store, key, at::kFloat, device));
+        if (adjust.wants(key)) {  // merged again into the fp32 copy
+          at::Tensor w = nn::read_tensor(store, key, at::kFloat, at::kCPU).clone();
+          adjust.apply(key, w);
+          item.value().set_data(w.to(device));
+        } else {
+          item.value().set_data(nn::read_tensor(store, key, at::kFloat, device));
+        }
     }
   }
   return model;

@@ -15,6 +15,7 @@
 #include "io/model_dir.h"
 #include "io/tensor_store.h"
 #include "models/common/layers.h"
+#include "models/common/loader.h"
 #include "models/text_encoder_common.h"
 
 namespace fluxmpi::text_models {
@@ -144,9 +145,9 @@ TORCH_MODULE(T5EncoderModel);
 /// `encoder.embed_tokens.weight` (the tied copy) or both; `decoder.*` and `lm_head.*` are ignored
 /// (a full T5 checkpoint); every other unclaimed key is a WeightError. In fp16 the `wo` weights
 /// are kept in fp32, as transformers' T5 (`_keep_in_fp32_modules`) does, which keeps the residual
-/// stream in fp32 after the first feed-forward.
+/// stream in fp32 after the first feed-forward. `adjust` changes weights while they load (LoRA merges).
 T5EncoderModel load_t5_encoder(const io::T5Config& config, const io::TensorStore& store, at::ScalarType dtype,
-                               at::Device device);
+                               at::Device device, const nn::WeightAdjust& adjust = {});
 /// The same from `dir`/text_encoder_2 (config.json + weights).
 T5EncoderModel load_t5_encoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
 

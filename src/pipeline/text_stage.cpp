@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "models/clip_text.h"
 #include "models/common/loader.h"
+#include "models/common/lora.h"
 #include "models/t5_encoder.h"
 #include "text/clip_tokenizer.h"
 #include "text/t5_tokenizer.h"
@@ -19,18 +20,37 @@ struct TextEncoders::Impl {
   at::Device device;
   at::ScalarType dtype;
 
-  Impl(const io::ModelDir& dir, at::ScalarType dtype_, at::Device dev)
+  Impl(const io::ModelDir& dir, at::ScalarType dtype_, at::Device dev,
+       const std::vector<std::shared_ptr<const io::LoraFile>>& loras)
       : clip_tokenizer(dir.component_dir("tokenizer"), dir.label("tokenizer")),
         t5_tokenizer(dir.component_dir("tokenizer_2"), dir.label("tokenizer_2")),
         device(dev),
         dtype(dtype_) {
-    clip = text_models::load_clip_text_model(dir, dtype, dev);
-    t5 = text_models::load_t5_encoder(dir, dtype, dev);
+    {
+      io::TensorStore store = dir.open_weights("text_encoder");
+      clip = text_models::load_clip_text_model(dir.clip_config(), store, dtype, dev,
+                                               text_encoder_loras(loras, io::LoraTarget::Clip, store));
+    }
+    io::TensorStore store = dir.open_weights("text_encoder_2");
+    t5 = text_models::load_t5_encoder(dir.t5_config(), store, dtype, dev,
+                                      text_encoder_loras(loras, io::LoraTarget::T5, store));
+  }
+
+  // The merge hook of the LoRAs' pairs for one text encoder (none when no LoRA has any).
+  static nn::WeightAdjust text_encoder_loras(const std::vector<std::shared_ptr<const io::LoraFile>>& loras,
+                                             io::LoraTarget target, const io::TensorStore& store) {
+    if (loras.empty()) return {};
+    const nn::WeightShapes shapes = nn::linear_weight_shapes(store);
+    nn::LoraSet set(loras, target, shapes, nn::underscored_names(shapes));
+    if (set.empty()) return {};
+    log::debug(io::lora_target_name(target), ": merging ", set.updates().size(), " LoRA update(s)");
+    return set.adjust();
   }
 };
 
-TextEncoders::TextEncoders(const io::ModelDir& dir, at::ScalarType dtype, at::Device device)
-    : impl_(std::make_unique<Impl>(dir, dtype, device)) {}
+TextEncoders::TextEncoders(const io::ModelDir& dir, at::ScalarType dtype, at::Device device,
+                           const std::vector<std::shared_ptr<const io::LoraFile>>& loras)
+    : impl_(std::make_unique<Impl>(dir, dtype, device, loras)) {}
 TextEncoders::~TextEncoders() = default;
 TextEncoders::TextEncoders(TextEncoders&&) noexcept = default;
 

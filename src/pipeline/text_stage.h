@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/lora_file.h"
 #include "io/model_dir.h"
 
 namespace fluxmpi::pipeline {
@@ -24,8 +25,10 @@ struct PromptEmbedding {
 
 class TextEncoders {
  public:
-  /// Loads both tokenizers and both encoders of `dir` in `dtype` on `device`.
-  TextEncoders(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
+  /// Loads both tokenizers and both encoders of `dir` in `dtype` on `device`, with the text-encoder
+  /// parts of `loras` merged (CLIP: text_encoder.* / lora_te1_*, T5: text_encoder_2.* / lora_te2_*).
+  TextEncoders(const io::ModelDir& dir, at::ScalarType dtype, at::Device device,
+               const std::vector<std::shared_ptr<const io::LoraFile>>& loras = {});
   ~TextEncoders();
   TextEncoders(TextEncoders&&) noexcept;
 

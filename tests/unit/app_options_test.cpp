@@ -344,6 +344,30 @@ TEST_F(Options, ConfigFileErrorsNameTheFileAndTheKey) {
             str_cat("--config '", path("model"), "': is a directory, not a file"));
 }
 
+TEST_F(Options, LorasAreRepeatableInOrderAndTheCommandLineReplacesTheIniLines) {
+  const std::string a = write("a.safetensors", "x"), b = write("b.safetensors", "x");
+  RunConfig c = parse(args({"--prompt", "x", "--lora", a + ":0.5", "--lora", b}));
+  ASSERT_EQ(c.loras.size(), 2u);
+  EXPECT_EQ(c.loras[0], (io::LoraSpec{a, 0.5}));
+  EXPECT_EQ(c.loras[1], (io::LoraSpec{b, 1.0}));
+  EXPECT_TRUE(c.was_given("lora"));
+  EXPECT_TRUE(parse(args({"--prompt", "x"})).loras.empty());
+  const std::string ini = write("l.ini", str_cat("lora = ", b, ":-0.25\nlora = ", a, "\n"));
+  c = parse(args({"--prompt", "x", "--config", ini}));
+  ASSERT_EQ(c.loras.size(), 2u);
+  EXPECT_EQ(c.loras[0], (io::LoraSpec{b, -0.25}));
+  EXPECT_EQ(c.loras[1], (io::LoraSpec{a, 1.0}));
+  c = parse(args({"--prompt", "x", "--config", ini, "--lora", a + ":2"}));
+  ASSERT_EQ(c.loras.size(), 1u) << "a --lora on the command line replaces the INI file's lora lines";
+  EXPECT_EQ(c.loras[0], (io::LoraSpec{a, 2.0}));
+  EXPECT_EQ(usage_error(args({"--prompt", "x", "--lora", path("none.safetensors")})),
+            str_cat("--lora '", path("none.safetensors"), "': not found"));
+  EXPECT_EQ(usage_error(args({"--prompt", "x", "--lora", a + ":inf"})),
+            str_cat("--lora '", a, ":inf': the scale must be a finite number"));
+  EXPECT_EQ(usage_error(args({"--prompt", "x", "--config", write("m.ini", "lora = " + path("model") + "\n")})),
+            str_cat("--lora '", path("model"), "': not a file (set in config file '", path("m.ini"), "')"));
+}
+
 TEST_F(Options, HelpListsEveryOptionWithItsDefault) {
   ParseResult r = parse_options(std::vector<std::string>{"--help", "--steps", "0"});  // --help validates nothing
   ASSERT_EQ(r.action, ParseResult::Action::Help);
@@ -352,7 +376,8 @@ TEST_F(Options, HelpListsEveryOptionWithItsDefault) {
                            "--num-images", "--seed", "--height", "--width", "--steps", "--guidance",
                            "--max-sequence-length", "--output", "--checkpoint", "--checkpoint-every", "--resume", "--dtype",
                            "--device", "--threads", "--balance", "--partition", "--max-memory", "--microbatch",
-                           "--keep-encoders", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version"})
+                           "--keep-encoders", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
+                           "--lora"})
     EXPECT_THAT(r.text, HasSubstr(name));
   for (const char* group : {"Model options", "Sampling options", "Parallel options", "Output options", "General options"})
     EXPECT_THAT(r.text, HasSubstr(group));

@@ -1,6 +1,7 @@
 #include "models/common/loader.h"
 
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,12 +22,12 @@ std::string resolve_key(const std::string& key, const io::TensorStore& store, co
 }
 
 // Checks that every parameter of `module` is stored with its shape and that every owned key is
-// claimed; calls `each(param, stored key)` for each parameter once all of them are known good.
+// claimed; calls `each(param, stored key, parameter key)` for each parameter once all of them are known good.
 template <typename Each>
 void match_parameters(const torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
                       Each each) {
   std::set<std::string> claimed;
-  std::vector<std::pair<at::Tensor, std::string>> matched;
+  std::vector<std::tuple<at::Tensor, std::string, std::string>> matched;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string key = rules.prefix + item.key();
     const std::string found = resolve_key(key, store, rules);
@@ -44,7 +45,7 @@ void match_parameters(const torch::nn::Module& module, const io::TensorStore& st
       claimed.insert(key);
       for (const auto& other : alias->second) claimed.insert(other);
     }
-    matched.emplace_back(param, found);
+    matched.emplace_back(param, found, key);
   }
   for (const auto& key : store.keys()) {
     if (claimed.count(key)) continue;
@@ -56,23 +57,31 @@ void match_parameters(const torch::nn::Module& module, const io::TensorStore& st
       throw WeightError(str_cat(store.label(), ": unexpected tensor '", key, "' in '", store.file_of(key),
                                 "': no parameter of the model claims it"));
   }
-  for (auto& [param, key] : matched) each(param, key);
+  for (auto& [param, found, key] : matched) each(param, found, key);
 }
 
 }  // namespace
 
 void check_module(const torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules) {
-  match_parameters(module, store, rules, [](const at::Tensor&, const std::string&) {});
+  match_parameters(module, store, rules, [](const at::Tensor&, const std::string&, const std::string&) {});
 }
 
 LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
                       at::ScalarType dtype, at::Device device) {
   at::NoGradGuard no_grad;
   LoadStats stats;
-  match_parameters(module, store, rules, [&](at::Tensor param, const std::string& key) {
+  match_parameters(module, store, rules, [&](at::Tensor param, const std::string& key, const std::string& name) {
     io::TensorView view = store.get(key);
     at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
-    value.copy_(borrow(view));
+    if (rules.adjust.wants(name)) {
+      // An fp32 run on the CPU merges in place; otherwise in an fp32 copy, then rounded once.
+      at::Tensor merged = dtype == at::kFloat && device.is_cpu() ? value : at::empty(param.sizes(), at::kFloat);
+      merged.copy_(borrow(view));
+      rules.adjust.apply(name, merged);
+      if (!merged.is_same(value)) value.copy_(merged);
+    } else {
+      value.copy_(borrow(view));
+    }
     view.file->release(*view.entry);
     param.set_data(value);
     stats.tensors += 1;

@@ -15,6 +15,16 @@
 
 namespace fluxmpi::nn {
 
+/// Changes stored weights while they load (LoRA merges, models/common/lora.h): `applies(key)` says
+/// which parameter keys; `apply(key, w)` gets the stored tensor as a fresh fp32 copy and changes it
+/// in place; the loader then rounds it once to the run dtype.
+struct WeightAdjust {
+  std::function<bool(const std::string& key)> applies;
+  std::function<void(const std::string& key, at::Tensor& weight)> apply;
+
+  bool wants(const std::string& key) const { return applies && applies(key); }
+};
+
 struct LoadRules {
   /// Prepended to every parameter name to form its key (e.g. "text_model.").
   std::string prefix;
@@ -26,6 +36,8 @@ struct LoadRules {
   /// Keys this module tree must account for: any such key that no parameter claims is an error.
   /// Default (empty function): every key of the store that is not skipped.
   std::function<bool(const std::string&)> owned;
+  /// Optional: weights changed while they load (keyed by the parameter's key, prefix included).
+  WeightAdjust adjust;
 };
 
 struct LoadStats {

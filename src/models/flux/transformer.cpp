@@ -128,11 +128,12 @@ bool FluxTransformerImpl::owns_key(const std::string& key) const {
 }
 
 FluxTransformer load_flux_transformer(const io::ModelDir& dir, const TransformerPart& part, at::ScalarType dtype,
-                                      at::Device device, nn::LoadStats* stats) {
+                                      at::Device device, nn::LoadStats* stats, const nn::WeightAdjust& adjust) {
   io::TensorStore store = dir.open_weights("transformer");
   FluxTransformer model(dir.transformer_config(), part);
   nn::LoadRules rules;
   rules.owned = [&model](const std::string& key) { return model->owns_key(key); };
+  rules.adjust = adjust;
   nn::LoadStats s = nn::load_module(*model, store, rules, dtype, device);
   if (stats != nullptr) *stats = s;
   store.close();

@@ -95,8 +95,10 @@ class FluxTransformerImpl : public torch::nn::Module {
 TORCH_MODULE(FluxTransformer);
 
 /// Builds the part and loads its weights from `dir`/transformer (reading only the shards that
-/// hold them), then fuses projections.
+/// hold them), then fuses projections. `adjust` changes weights while they load (LoRA merges, before
+/// the projections are fused).
 FluxTransformer load_flux_transformer(const io::ModelDir& dir, const TransformerPart& part, at::ScalarType dtype,
-                                      at::Device device, nn::LoadStats* stats = nullptr);
+                                      at::Device device, nn::LoadStats* stats = nullptr,
+                                      const nn::WeightAdjust& adjust = {});
 
 }  // namespace fluxmpi::flux
