@@ -195,6 +195,7 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     d.field(w, "true_cfg_scale", s.true_cfg_scale, r.true_cfg_scale);
     d.field(w, "max_sequence_length", s.max_sequence_length, r.max_sequence_length);
     d.field(w, "dtype", s.dtype, r.dtype);
+    d.field(w, "vae_tiling", s.vae_tiling, r.vae_tiling);
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

@@ -55,6 +55,10 @@ struct ImageAttributes {
   double true_cfg_scale = 1;
   int64_t max_sequence_length = 0;
   std::string dtype;                ///< run dtype: "fp32" | "bf16" | "fp16"
+  /// 1 when the image is decoded in VAE tiles (--vae-tiling, or switched on for a budget, and
+  /// the latent is larger than one tile): tiling changes the pixels. Files without the
+  /// attribute read as 0.
+  int64_t vae_tiling = 0;
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
