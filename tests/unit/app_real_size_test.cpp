@@ -344,7 +344,9 @@ std::string shell_quote(const std::string& s) {
 }
 
 TEST_F(RealSize, EightRanksGetSevenOrEightBlocksEach) {
-  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 8 --oversubscribe " +
+  // Open MPI's settings as environment variables (other MPIs ignore them): root, more ranks than cores.
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+                          "mpirun -np 8 " +
                           shell_quote(std::string(FLUXMPI_BINARY_DIR) + "/fluxmpi") + " --model " +
                           shell_quote(model("FLUX.1-dev")) + " --dry-run 2>&1 < /dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
