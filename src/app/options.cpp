@@ -85,12 +85,19 @@ const Spec kSpecs[] = {
     {"device", 0, Group::Parallel, Kind::Text, "cpu|cuda", "cpu", "rank r uses cuda:<local rank mod GPUs>, or the CPU", false},
     {"threads", 0, Group::Parallel, Kind::Integer, "N", "0", "CPU threads per rank; 0 = max(1, cores of the node / ranks on it)", false},
     {"balance", 0, Group::Parallel, Kind::Text, "compute|memory", "compute",
-     "split the transformer blocks by FLOPs or by weight bytes", false},
+     "compute: even block counts (FLOPs); memory: the smallest estimated peak memory per rank (weights, "
+     "activations and rank 0's encode/decode stages), then the next largest, ...", false},
     {"partition", 0, Group::Parallel, Kind::Text, "PLAN", nullptr, "explicit blocks per rank, e.g. 0:0-8,1:9-56 (overrides --balance)", false},
-    {"max-memory", 0, Group::Parallel, Kind::Text, "BUDGETS", nullptr, "memory budget per rank, e.g. 0=16GiB,1=24GiB", false},
+    {"max-memory", 0, Group::Parallel, Kind::Text, "BUDGETS", nullptr,
+     "memory budget of every rank (16GiB, 16G) or per rank (0=16GiB,1=24GiB)", false},
     {"microbatch", 0, Group::Parallel, Kind::Integer, "N", "1",
      "images per transformer pass (1: bit-identical to one image at a time)", false},
     {"keep-encoders", 0, Group::Parallel, Kind::Flag, nullptr, nullptr, "keep the text encoders loaded on rank 0 after encoding", false},
+    // VAE decoding (diffusers enable_tiling / enable_slicing).
+    {"vae-tiling", 0, Group::Parallel, Kind::Flag, nullptr, nullptr,
+     "decode in overlapping tiles, blended (less memory for large images; on by itself when --max-memory needs it)", false},
+    {"vae-slicing", 0, Group::Parallel, Kind::Flag, nullptr, nullptr,
+     "decode the images of a microbatch one at a time", false},
 
     {"output", 'o', Group::Output, Kind::Text, "PATH", nullptr,
      "PNG file; {i} = image index, 5 digits (default: fluxmpi.png, or fluxmpi-{i}.png for several images)", false},
@@ -101,7 +108,8 @@ const Spec kSpecs[] = {
     {"no-progress", 0, Group::Output, Kind::Flag, nullptr, nullptr, "no progress bar or progress lines", false},
 
     {"config", 0, Group::General, Kind::Text, "FILE.ini", nullptr, "read options from an INI file (the command line wins)", true},
-    {"dry-run", 0, Group::General, Kind::Flag, nullptr, nullptr, "print the partition plan from the configs and exit, reading no weights", false},
+    {"dry-run", 0, Group::General, Kind::Flag, nullptr, nullptr,
+     "print the job and the partition plan and exit; checks every component's weight headers, reads no weights", false},
     {"log-level", 0, Group::General, Kind::Text, "LEVEL", "info", "error | warn | info | debug", false},
     {"help", 'h', Group::General, Kind::Flag, nullptr, nullptr, "print this help and exit", true},
     {"version", 0, Group::General, Kind::Flag, nullptr, nullptr, "print the version and exit", true},
@@ -471,6 +479,8 @@ RunConfig validate(const Settings& s) {
   if (s.has("max-memory") && c.max_memory.empty()) s.fail("max-memory", "must not be empty (e.g. 0=16GiB,1=24GiB)");
   c.microbatch = *s.integer("microbatch", 1, kNoMax);
   c.keep_encoders = s.flag("keep-encoders");
+  c.vae_tiling = s.flag("vae-tiling");
+  c.vae_slicing = s.flag("vae-slicing");
   c.checkpoint_every = *s.integer("checkpoint-every", 1, kNoMax);
   c.no_progress = s.flag("no-progress");
   c.dry_run = s.flag("dry-run");

@@ -5,7 +5,11 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "models/common/attention.h"
+#include "models/clip_text.h"
 #include "models/common/tensor_utils.h"
+#include "models/flux/transformer.h"
+#include "models/common/loader.h"
+#include "models/t5_encoder.h"
 #include "models/vae/vae_decoder.h"
 
 namespace fluxmpi::app {
@@ -30,6 +34,7 @@ void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
   if (!c.was_given("seed")) c.seed = a.seed;
   if (!c.was_given("dtype")) c.dtype = a.dtype;
   if (!c.was_given("lora")) c.loras = a.loras;
+  if (!c.was_given("vae-tiling") && a.vae_tiling != 0) c.vae_tiling = true;
   if (!c.was_given("true-cfg") && !c.was_given("negative-prompt") && ckpt::uses_true_cfg(a)) {
     c.true_cfg = a.true_cfg_scale;
     c.negative_prompt = a.negative_prompt;
@@ -54,6 +59,7 @@ ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, con
   a.max_sequence_length = *c.max_sequence_length;
   a.dtype = c.dtype;
   a.loras = c.loras;
+  a.vae_tiling = 0;  // set once the plan has decided
   return a;
 }
 
@@ -93,6 +99,42 @@ std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& p
     groups.push_back({i, 1, p.start_step});
   }
   return groups;
+}
+
+// --dry-run: every component's weight headers against its config, as a real run checks them
+// before (VAE, transformer architecture) or while (text encoders, each rank's slice) it loads
+// them, so a broken download fails here. Only headers are read; the modules are built without
+// values, one transformer block at a time.
+void check_all_components(const io::ModelDir& dir) {
+  text_models::check_clip_text_weights(dir.clip_config(), dir.open_weights("text_encoder"));
+  text_models::check_t5_encoder_weights(dir.t5_config(), dir.open_weights("text_encoder_2"));
+  vae::check_vae_weights(dir);
+  const io::TransformerConfig& tc = dir.transformer_config();
+  io::TensorStore store = dir.open_weights("transformer");
+  const int64_t B = tc.num_blocks();
+  for (int64_t b = 0; b < B; ++b) {
+    flux::FluxTransformer part(tc, flux::TransformerPart{b, b + 1, b == 0, b == B - 1});
+    nn::LoadRules rules;
+    rules.owned = [&part](const std::string& key) { return part->owns_key(key); };
+    nn::check_module(*part, store, rules);
+  }
+}
+
+// The --dry-run job line: what the run would make, above the plan.
+std::string job_text(const RunConfig& c, const io::ModelDir& dir, const flux::LatentGeometry& g, int64_t images,
+                     const parallel::StagePlan& plan) {
+  const io::TransformerConfig& tc = dir.transformer_config();
+  const size_t prompts = c.prompts.size();
+  std::string s = str_cat("model: ", c.model, " (FLUX.1-", io::variant_name(dir.variant()), ")\n");
+  s += str_cat("job: ", prompts == 0 ? std::string("no prompt given, counted as 1") : str_cat(prompts, " prompt", prompts == 1 ? "" : "s"),
+               " x ", c.num_images, " image", c.num_images == 1 ? "" : "s", " = ", images, " image", images == 1 ? "" : "s",
+               ", ", g.width, "x", g.height, " pixels (latent ", g.latent_width, "x", g.latent_height, ", ", g.tokens(),
+               " image tokens), ", *c.steps, " steps");
+  if (tc.guidance_embeds) s += str_cat(", guidance ", *c.guidance);
+  if (c.true_cfg_enabled()) s += str_cat(", true CFG ", c.true_cfg, " (2 passes per step)");
+  s += str_cat(", ", *c.max_sequence_length, " T5 tokens + 77 CLIP tokens, dtype ", c.dtype, ", microbatch ", c.microbatch);
+  s += str_cat(", VAE ", plan.vae_tiling() ? "tiled" : "untiled", c.vae_slicing ? ", sliced" : "", "\n");
+  return s;
 }
 
 }  // namespace
@@ -141,6 +183,9 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   run.file.vae_scale_factor = dir.vae_config().scale_factor();
   run.progress.assign(run.images.size(), ImageProgress{});
   if (checkpoint) {
+    // Whether tiling is used is known once the plan is made; it is compared then.
+    for (size_t i = 0; i < run.attributes.size() && i < checkpoint->attributes().size(); ++i)
+      run.attributes[i].vae_tiling = checkpoint->attributes()[i].vae_tiling;
     ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
     for (size_t i = 0; i < run.images.size(); ++i) {
       ckpt::ImageState s = checkpoint->state(static_cast<int64_t>(i));
@@ -156,7 +201,8 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
     io::TensorStore store = dir.open_weights("transformer");
     dir.check_transformer_weights(store);
   }
-  if (!c.dry_run) vae::check_vae_weights(dir);
+  if (c.dry_run) check_all_components(dir);
+  else vae::check_vae_weights(dir);
   run.loras = check_loras(c.loras, dir, /*with_text=*/c.dry_run || run.any_encoding());
 
   parallel::PlanRequest request;
@@ -177,10 +223,25 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   request.microbatch = c.microbatch;
   request.keep_encoders = c.keep_encoders;
   request.attention_chunk_bytes = nn::kAttentionChunkBytes;
+  // The images whose buffers rank 0 holds; a dry run counts the job it was given (1 prompt when none).
+  const int64_t images = c.dry_run ? std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images
+                                   : static_cast<int64_t>(run.images.size());
+  request.images = std::max<int64_t>(1, images);
+  request.passes = c.true_cfg_enabled() ? 2 : 1;
+  request.latent_height = run.geometry.latent_height;
+  request.latent_width = run.geometry.latent_width;
+  request.vae_tiling = c.vae_tiling;
+  request.vae_slicing = c.vae_slicing;
   run.stages.emplace(parallel::StagePlan::make(request));
+  if (run.stages->vae_tiling_auto())
+    log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
+  for (auto& a : run.attributes) a.vae_tiling = run.stages->vae_tiling() ? 1 : 0;
+  if (checkpoint) ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
 
   if (c.dry_run) {
-    out.output = run.stages->table() + lora_table(run.loras, *run.stages);
+    out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + run.stages->table() +
+                 lora_table(run.loras, *run.stages);
+    out.dry_run_plan = run.stages;
     return out;
   }
 

@@ -47,6 +47,7 @@ struct Preparation {
   std::optional<PreparedRun> run;
   std::string output;  ///< printed on stdout
   int exit_code = 0;
+  std::optional<parallel::StagePlan> dry_run_plan;  ///< --dry-run: the plan `output` prints
 };
 
 /// Validates the command line `args` (without the program name) for a job of `world_size`

@@ -60,6 +60,8 @@ struct RunConfig {
   std::string max_memory;     ///< --max-memory, e.g. "0=16GiB,1=24GiB" (parsed by the partition planner)
   int64_t microbatch = 1;
   bool keep_encoders = false;
+  bool vae_tiling = false;    ///< --vae-tiling (the plan may also switch it on for a --max-memory budget)
+  bool vae_slicing = false;   ///< --vae-slicing
 
   // General.
   bool dry_run = false;

@@ -360,21 +360,39 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     state.groups.clear();
     part = nullptr;  // stage-wise memory: the transformer slice goes before the VAE comes
 
-    // Phase 4: decode.
+    // Phase 4: decode, a microbatch of images per decoder call (one at a time with
+    // --vae-slicing, in tiles with --vae-tiling or when the plan switched tiling on).
     auto t_decode = Clock::now();
     std::optional<vae::VaeDecoder> decoder;
-    for (size_t i = 0; i < n; ++i) {
-      if (run.progress[i].decoded) continue;
+    vae::DecodeOptions decode_options;
+    decode_options.tiling = run.stages->vae_tiling();
+    decode_options.slicing = c.vae_slicing;
+    std::vector<size_t> batch;
+    auto decode_batch = [&]() {
+      if (batch.empty()) return;
       if (!decoder) decoder.emplace(vae::load_vae_decoder(*run.model, dtype, device));
       c10::InferenceMode guard;
-      io::RgbImage image = vae::decode_image(*decoder, latents[i].to(device), run.geometry, run.model->vae_config());
-      io::write_png(run.images[i].output_path, image, png_text(run, i));
-      if (writer) {
-        writer->write_image(static_cast<int64_t>(i), image);
-        writer->set_status(static_cast<int64_t>(i), ckpt::ImageStatus::Decoded);
+      std::vector<at::Tensor> packed;
+      for (size_t i : batch) packed.push_back(latents[i].to(device));
+      std::vector<io::RgbImage> images =
+          vae::decode_images(*decoder, at::cat(packed, 0), run.geometry, run.model->vae_config(), decode_options);
+      for (size_t k = 0; k < batch.size(); ++k) {
+        const size_t i = batch[k];
+        io::write_png(run.images[i].output_path, images[k], png_text(run, i));
+        if (writer) {
+          writer->write_image(static_cast<int64_t>(i), images[k]);
+          writer->set_status(static_cast<int64_t>(i), ckpt::ImageStatus::Decoded);
+        }
+        log::info("wrote ", run.images[i].output_path);
       }
-      log::info("wrote ", run.images[i].output_path);
+      batch.clear();
+    };
+    for (size_t i = 0; i < n; ++i) {
+      if (run.progress[i].decoded) continue;
+      batch.push_back(i);
+      if (static_cast<int64_t>(batch.size()) == c.microbatch) decode_batch();
     }
+    decode_batch();
     if (decoder) root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});
     if (writer) writer->close();
     print_summary(*root, seconds_since(start));

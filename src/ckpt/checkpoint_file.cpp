@@ -177,6 +177,7 @@ void CheckpointFile::validate_image(int64_t i) {
       throw CheckpointError(str_cat(group_where, ": attribute 'loras' is not a JSON array of {\"file\", \"scale\"}"));
     a.loras = std::move(*loras);
   }
+  a.vae_tiling = h5::has_attribute(g.get(), "vae_tiling") ? h5::read_int_attribute(g.get(), "vae_tiling", group_where) : 0;
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

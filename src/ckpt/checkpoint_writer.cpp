@@ -209,6 +209,7 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
     h5::write_attribute(g.get(), "max_sequence_length", a.max_sequence_length, where);
     h5::write_attribute(g.get(), "dtype", a.dtype, where);
     h5::write_attribute(g.get(), "loras", io::loras_to_json(a.loras), where);
+    h5::write_attribute(g.get(), "vae_tiling", a.vae_tiling, where);
 
     for (const DatasetSpec& spec : dataset_specs(shapes[i])) {
       const std::string name = image_object(static_cast<int64_t>(i), spec.name);

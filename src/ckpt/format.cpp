@@ -201,6 +201,7 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
       d.field(w, file.c_str(), s.loras[l].path, r.loras[l].path);
       d.field(w, scale.c_str(), s.loras[l].scale, r.loras[l].scale);
     }
+    d.field(w, "vae_tiling", s.vae_tiling, r.vae_tiling);
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

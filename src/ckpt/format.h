@@ -59,6 +59,10 @@ struct ImageAttributes {
   /// The LoRAs merged, in order (attribute `loras`: JSON [{"file": ..., "scale": ...}]; absent in
   /// files written before LoRAs existed, which means none).
   std::vector<io::LoraSpec> loras;
+  /// 1 when the image is decoded in VAE tiles (--vae-tiling, or switched on for a budget, and
+  /// the latent is larger than one tile): tiling changes the pixels. Files without the
+  /// attribute read as 0.
+  int64_t vae_tiling = 0;
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the

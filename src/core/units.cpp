@@ -14,26 +14,34 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t pos = 0;
   while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
   std::string number = text.substr(0, pos);
-  std::string unit = text.substr(pos);
+  size_t unit_begin = pos;
+  while (unit_begin < text.size() && text[unit_begin] == ' ') ++unit_begin;
+  std::string unit;
+  for (size_t i = unit_begin; i < text.size(); ++i) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
   double value = 0;
   try {
     size_t used = 0;
     value = std::stod(number, &used);
     if (used != number.size()) throw std::invalid_argument("");
   } catch (const std::exception&) {
-    throw UsageError(str_cat(what, ": expected a size like 16GiB, got '", text, "'"));
+    throw UsageError(str_cat(what, ": expected a size like 16GiB or 16G, got '", text, "'"));
   }
+  // Units in any case. Binary: KiB, MiB, GiB, TiB and Slurm's K, M, G, T (--mem=16G is 16 GiB);
+  // decimal: KB, MB, GB, TB.
+  const double KiB = 1024.0;
   double scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "KiB") scale = 1024.0;
-  else if (unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB" || unit == "kB") scale = 1e3;
-  else if (unit == "MB") scale = 1e6;
-  else if (unit == "GB") scale = 1e9;
-  else if (unit == "TB") scale = 1e12;
-  else throw UsageError(str_cat(what, ": unknown unit '", unit, "' in '", text, "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"));
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kib") scale = KiB;
+  else if (unit == "m" || unit == "mib") scale = KiB * KiB;
+  else if (unit == "g" || unit == "gib") scale = KiB * KiB * KiB;
+  else if (unit == "t" || unit == "tib") scale = KiB * KiB * KiB * KiB;
+  else if (unit == "kb") scale = 1e3;
+  else if (unit == "mb") scale = 1e6;
+  else if (unit == "gb") scale = 1e9;
+  else if (unit == "tb") scale = 1e12;
+  else
+    throw UsageError(str_cat(what, ": unknown unit '", text.substr(unit_begin), "' in '", text,
+                             "' (use B, KiB, MiB, GiB, TiB or K, M, G, T (binary), KB, MB, GB, TB (decimal))"));
   double bytes = value * scale;
   if (!(bytes > 0) || bytes > 1.8e19) throw UsageError(str_cat(what, ": size must be positive, got '", text, "'"));
   return static_cast<uint64_t>(std::llround(bytes));

@@ -6,7 +6,8 @@
 
 namespace fluxmpi {
 
-/// Parses "16GiB", "512MiB", "2GB", "1.5GiB", "1000000" (bytes). Throws UsageError naming `what`.
+/// Parses "16GiB", "512MiB", "2GB", "1.5GiB", "1000000" (bytes), units in any case, and Slurm's
+/// binary "16G", "500M". Throws UsageError naming `what`.
 uint64_t parse_bytes(const std::string& text, const std::string& what);
 /// 1.5 GiB, 320.0 MiB, 12 B.
 std::string format_bytes(uint64_t bytes);

@@ -104,6 +104,14 @@ VaeConfig parse_vae_config(const ConfigReader& r) {
   c.shift_factor = r.number("shift_factor", 0.0);
   c.use_post_quant_conv = r.boolean("use_post_quant_conv", c.use_post_quant_conv);
   c.mid_block_add_attention = r.boolean("mid_block_add_attention", c.mid_block_add_attention);
+  // diffusers accepts an int or a list (height, width) and tiles with the first entry.
+  if (r.has("sample_size") && r.json().at("sample_size").is_array()) {
+    const std::vector<int64_t> sizes = r.integer_list("sample_size", {}, 1);
+    if (sizes.empty()) r.fail("sample_size", "must not be an empty list");
+    c.sample_size = sizes.front();
+  } else {
+    c.sample_size = r.positive("sample_size", c.sample_size);
+  }
   if (c.block_out_channels.empty()) r.fail("block_out_channels", "must not be empty");
   if (c.block_out_channels.size() > 8) r.fail("block_out_channels", "has more than 8 levels");
   for (int64_t ch : c.block_out_channels)
@@ -136,6 +144,7 @@ std::string to_json(const VaeConfig& c) {
                               {"mid_block_add_attention", c.mid_block_add_attention},
                               {"norm_num_groups", c.norm_num_groups},
                               {"out_channels", c.out_channels},
+                              {"sample_size", c.sample_size},
                               {"scaling_factor", c.scaling_factor},
                               {"shift_factor", c.shift_factor},
                               {"up_block_types", up},

@@ -63,6 +63,9 @@ struct VaeConfig {
   double shift_factor = 0.0;  ///< null -> 0
   bool use_post_quant_conv = true;
   bool mid_block_add_attention = true;
+  /// Pixels of a side the VAE was trained on (a list in the config: its first entry). diffusers'
+  /// tiled decoding uses it as the tile size in pixels (AutoencoderKL.tile_sample_min_size).
+  int64_t sample_size = 32;
 
   /// 2^(levels - 1): pixels per latent cell.
   int64_t scale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }

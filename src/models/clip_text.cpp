@@ -111,13 +111,28 @@ ClipTextOutput ClipTextModelImpl::forward(const at::Tensor& input_ids, bool trac
   return out;
 }
 
-ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::TensorStore& store,
-                                   at::ScalarType dtype, at::Device device, const nn::WeightAdjust& adjust) {
-  ClipTextModel model(config);
+namespace {
+
+nn::LoadRules clip_load_rules() {
   nn::LoadRules rules;
   // A buffer of older transformers checkpoints, and the projection of CLIPTextModelWithProjection:
   // CLIPTextModel never uses either.
   rules.skip_prefixes = {"text_model.embeddings.position_ids", "text_projection."};
+  return rules;
+}
+
+}  // namespace
+
+void check_clip_text_weights(const io::ClipTextConfig& config, const io::TensorStore& store) {
+  // Built only for its parameter names and shapes: uninitialised parameters take no memory.
+  ClipTextModel model(config);
+  nn::check_module(*model, store, clip_load_rules());
+}
+
+ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::TensorStore& store,
+                                   at::ScalarType dtype, at::Device device, const nn::WeightAdjust& adjust) {
+  ClipTextModel model(config);
+  nn::LoadRules rules = clip_load_rules();
   rules.adjust = adjust;
   nn::load_module(*model, store, rules, dtype, device);
   return model;

@@ -130,5 +130,8 @@ ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::T
                                    at::ScalarType dtype, at::Device device, const nn::WeightAdjust& adjust = {});
 /// The same from `dir`/text_encoder (config.json + weights).
 ClipTextModel load_clip_text_model(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
+/// What load_clip_text_model checks, from the safetensors headers alone (reads no tensor data):
+/// every parameter stored with its shape, no unclaimed key. WeightError otherwise.
+void check_clip_text_weights(const io::ClipTextConfig& config, const io::TensorStore& store);
 
 }  // namespace fluxmpi::text_models

@@ -161,13 +161,28 @@ T5EncoderOutput T5EncoderModelImpl::forward(const at::Tensor& input_ids, bool tr
   return out;
 }
 
-T5EncoderModel load_t5_encoder(const io::T5Config& config, const io::TensorStore& store, at::ScalarType dtype,
-                               at::Device device, const nn::WeightAdjust& adjust) {
-  T5EncoderModel model(config);
+namespace {
+
+nn::LoadRules t5_load_rules() {
   nn::LoadRules rules;
   // T5EncoderModel runs neither the decoder nor the LM head of a full T5 checkpoint.
   rules.skip_prefixes = {"decoder.", "lm_head."};
   rules.aliases["shared.weight"] = {"encoder.embed_tokens.weight"};
+  return rules;
+}
+
+}  // namespace
+
+void check_t5_encoder_weights(const io::T5Config& config, const io::TensorStore& store) {
+  // Built only for its parameter names and shapes: uninitialised parameters take no memory.
+  T5EncoderModel model(config);
+  nn::check_module(*model, store, t5_load_rules());
+}
+
+T5EncoderModel load_t5_encoder(const io::T5Config& config, const io::TensorStore& store, at::ScalarType dtype,
+                               at::Device device, const nn::WeightAdjust& adjust) {
+  T5EncoderModel model(config);
+  nn::LoadRules rules = t5_load_rules();
   rules.adjust = adjust;
   nn::load_module(*model, store, rules, dtype, device);
   if (dtype == at::kHalf) {

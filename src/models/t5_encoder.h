@@ -150,5 +150,8 @@ T5EncoderModel load_t5_encoder(const io::T5Config& config, const io::TensorStore
                                at::Device device, const nn::WeightAdjust& adjust = {});
 /// The same from `dir`/text_encoder_2 (config.json + weights).
 T5EncoderModel load_t5_encoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
+/// What load_t5_encoder checks, from the safetensors headers alone (reads no tensor data):
+/// every parameter stored with its shape, no unclaimed key. WeightError otherwise.
+void check_t5_encoder_weights(const io::T5Config& config, const io::TensorStore& store);
 
 }  // namespace fluxmpi::text_models

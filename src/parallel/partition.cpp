@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <sstream>
@@ -76,6 +77,20 @@ uint64_t score_chunk_bytes(int64_t batch_heads, int64_t lq, int64_t lk, int64_t 
   return static_cast<uint64_t>(std::min(batch_heads, heads_per_chunk) * per_head);
 }
 
+// diffusers AutoencoderKL's tile geometry (tile_sample_min_size = sample_size, tile_latent_min_size
+// = int(sample_size / 2^(levels - 1)), tiles every int(tile_latent_min_size * (1 - overlap))).
+struct VaeTiles {
+  int64_t sample_tile = 0, latent_tile = 0, stride = 1;
+  bool applies(int64_t h, int64_t w) const { return h > latent_tile || w > latent_tile; }
+};
+VaeTiles vae_tiles(const io::VaeConfig& v) {
+  VaeTiles t;
+  t.sample_tile = v.sample_size;
+  t.latent_tile = static_cast<int64_t>(static_cast<double>(v.sample_size) / static_cast<double>(v.scale_factor()));
+  t.stride = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(t.latent_tile) * (1.0 - kVaeTileOverlap)));
+  return t;
+}
+
 // Everything the estimates of one plan need, computed once from the request.
 class CostModel {
  public:
@@ -103,8 +118,9 @@ class CostModel {
     encoder_activation_bytes_ = text_activations();
     if (r.vae) {
       vae_weight_bytes_ = to_bytes(count_vae_decoder_params(*r.vae), r.dtype_bytes);
-      vae_activation_bytes_ = vae_activations(*r.vae);
+      vae_activation_bytes_ = vae_activations(*r.vae, r.vae_tiling);
     }
+    job_bytes_ = job_buffers();
   }
 
   const TransformerParamCounts& params() const { return p_; }
@@ -118,6 +134,7 @@ class CostModel {
   uint64_t vae_weight_bytes() const { return vae_weight_bytes_; }
   uint64_t vae_activation_bytes() const { return vae_activation_bytes_; }
   uint64_t activation_bytes() const { return activation_bytes_; }
+  uint64_t job_bytes() const { return job_bytes_; }
   bool encodes() const { return r_.clip || r_.t5; }
 
   // The estimate of `rank` running global blocks first..last.
@@ -143,15 +160,20 @@ class CostModel {
         kRuntimeBaselineBytes + e.weight_bytes + (rank == 0 && r_.keep_encoders ? encoder_weight_bytes_ : 0);
     e.denoise_bytes = resident + activation_bytes_;
     e.peak_bytes = e.denoise_bytes;
+    if (rank == 0) {
+      e.job_bytes = job_bytes_;
+      e.denoise_bytes += job_bytes_;
+      e.peak_bytes = e.denoise_bytes;
+    }
     if (rank == 0 && encodes()) {
-      e.encode_bytes = kRuntimeBaselineBytes + encoder_weight_bytes_ + encoder_activation_bytes_;
+      e.encode_bytes = kRuntimeBaselineBytes + encoder_weight_bytes_ + encoder_activation_bytes_ + job_bytes_;
       if (e.encode_bytes > e.peak_bytes) {
         e.peak_bytes = e.encode_bytes;
         e.peak_stage = "encode";
       }
     }
     if (rank == 0 && r_.vae) {
-      e.decode_bytes = resident + vae_weight_bytes_ + vae_activation_bytes_;
+      e.decode_bytes = resident + job_bytes_ + vae_weight_bytes_ + vae_activation_bytes_;
       if (e.decode_bytes > e.peak_bytes) {
         e.peak_bytes = e.decode_bytes;
         e.peak_stage = "decode";
@@ -195,12 +217,34 @@ class CostModel {
     return std::max(clip, t5);
   }
 
-  // One image at a time: the largest activation of the decoder (channels x area at some level)
-  // times the tensors alive at once, plus the mid-block attention over all latent cells (one
-  // head, so its scores cannot be chunked).
-  uint64_t vae_activations(const io::VaeConfig& v) const {
+  // Rank 0 keeps every image's text embeddings (also gathered per microbatch group, so twice)
+  // and its latents (the image's own and its group's) for the whole job.
+  uint64_t job_buffers() const {
+    const io::TransformerConfig& c = r_.transformer;
+    const int64_t text = r_.passes * (r_.text_tokens * c.joint_attention_dim + c.pooled_projection_dim);
+    const int64_t latents = r_.image_tokens * c.in_channels;
+    return static_cast<uint64_t>(2 * r_.images * (text + latents) * r_.dtype_bytes);
+  }
+
+  // The largest activation of the decoder (channels x area at some level) times the tensors
+  // alive at once, plus the mid-block attention's score chunks; a pass decodes a microbatch
+  // group at once unless sliced.
+  // Tiled, a pass covers one tile, and the decoded tiles of two rows and the output image stay.
+  uint64_t vae_activations(const io::VaeConfig& v, bool tiled) const {
     const int64_t b = r_.dtype_bytes;
-    const int64_t latent_area = 4 * r_.image_tokens;  // h x w latent cells: 2x2 per packed token
+    int64_t h = 0, w = 0;
+    latent_size(&h, &w);
+    uint64_t kept = 0;
+    const VaeTiles t = vae_tiles(v);
+    if (tiled && t.applies(h, w)) {
+      const int64_t cols = (w + t.stride - 1) / t.stride;
+      const int64_t tile_pixels = t.sample_tile * t.sample_tile * v.out_channels * b;
+      const int64_t image_pixels = h * w * v.scale_factor() * v.scale_factor() * v.out_channels * b;
+      kept = static_cast<uint64_t>((2 * cols + 1) * tile_pixels + 2 * image_pixels);
+      h = std::min(h, t.latent_tile);
+      w = std::min(w, t.latent_tile);
+    }
+    const int64_t latent_area = h * w;
     std::vector<int64_t> channels(v.block_out_channels.rbegin(), v.block_out_channels.rend());
     int64_t largest = channels.front() * latent_area;
     int64_t area = latent_area;
@@ -212,18 +256,53 @@ class CostModel {
         largest = std::max(largest, channels[i] * area);
       }
     }
-    uint64_t bytes = static_cast<uint64_t>(kVaeLiveTensors * largest * b);
-    if (v.mid_block_add_attention)
-      bytes += kScoreTensors * score_chunk_bytes(1, latent_area, latent_area, b, r_.attention_chunk_bytes);
+    const int64_t batch = r_.vae_slicing ? 1 : r_.microbatch;
+    uint64_t bytes = (static_cast<uint64_t>(kVaeLiveTensors * largest * b) + kept) * static_cast<uint64_t>(batch);
+    if (v.mid_block_add_attention) {
+      // The mid-block attention (one head) splits its query rows so that a [rows, L] score chunk
+      // of the batch stays within the chunk limit (models/vae/mid_block_attention.cpp).
+      const int64_t L = latent_area, row = batch * L * b;
+      int64_t rows = L;
+      if (r_.attention_chunk_bytes > 0) rows = std::min(L, std::max<int64_t>(1, r_.attention_chunk_bytes / row));
+      bytes += static_cast<uint64_t>(kScoreTensors * rows * row);
+    }
     return bytes;
   }
 
+ public:
+  void latent_size(int64_t* h, int64_t* w) const {
+    if (r_.latent_height > 0 && r_.latent_width > 0) {
+      *h = r_.latent_height;
+      *w = r_.latent_width;
+      return;
+    }
+    // A square of 2x2 latent cells per packed token.
+    int64_t side = static_cast<int64_t>(std::llround(std::sqrt(4.0 * static_cast<double>(r_.image_tokens))));
+    *h = side;
+    *w = (4 * r_.image_tokens) / std::max<int64_t>(side, 1);
+  }
+  bool tiling_applies() const {
+    if (!r_.vae) return false;
+    int64_t h = 0, w = 0;
+    latent_size(&h, &w);
+    return vae_tiles(*r_.vae).applies(h, w);
+  }
+  int64_t tile_count() const {
+    int64_t h = 0, w = 0;
+    latent_size(&h, &w);
+    const VaeTiles t = vae_tiles(*r_.vae);
+    if (!t.applies(h, w)) return 1;
+    return ((h + t.stride - 1) / t.stride) * ((w + t.stride - 1) / t.stride);
+  }
+
+ private:
   const PlanRequest& r_;
   TransformerParamCounts p_;
   double double_flops_ = 0, single_flops_ = 0, embedder_flops_ = 0, final_flops_ = 0, total_flops_ = 0;
   uint64_t activation_bytes_ = 0;
   uint64_t encoder_weight_bytes_ = 0, encoder_activation_bytes_ = 0;
   uint64_t vae_weight_bytes_ = 0, vae_activation_bytes_ = 0;
+  uint64_t job_bytes_ = 0;
 };
 
 StageBlocks stage_blocks(int64_t first, int64_t last, int64_t num_double) {
@@ -237,40 +316,46 @@ StageBlocks stage_blocks(int64_t first, int64_t last, int64_t num_double) {
   return s;
 }
 
-constexpr int64_t kInfeasible = std::numeric_limits<int64_t>::max();
+// A split's cost, compared lexicographically: for each level in turn, the per-rank values sorted
+// from the largest down (the largest peak, then the next largest, ...). Adding the same slice to
+// two partial splits keeps their order, so the best split of the first r ranks over the first j
+// blocks extends to the best split of all: a dynamic programme over (ranks used, blocks covered).
+using SplitKey = std::vector<std::vector<int64_t>>;
 
-// Contiguous split of B blocks into P non-empty slices minimising, lexicographically, the
-// largest `primary` and then the largest `secondary` cost over ranks, with slices that break a
-// budget excluded. Two dynamic programmes over (ranks used, blocks covered): the first finds the
-// optimal primary bound, the second the best secondary cost within it. Ties go to the earliest
-// cut. Returns the first block of each rank, or an empty vector when nothing fits.
-template <typename Primary, typename Secondary, typename Feasible>
-std::vector<int64_t> best_split(int P, int64_t B, Primary primary, Secondary secondary, Feasible feasible) {
-  using Table = std::vector<std::vector<int64_t>>;
-  auto solve = [&](auto cost, int64_t bound, std::vector<std::vector<int64_t>>* choice) {
-    Table best(P + 1, std::vector<int64_t>(B + 1, kInfeasible));
-    best[0][0] = std::numeric_limits<int64_t>::min();
-    for (int r = 1; r <= P; ++r) {
-      // Rank r-1 takes blocks [i, j); the ranks before it need one block each, the ranks after
-      // it one block each too.
-      for (int64_t j = r; j <= B - (P - r); ++j) {
-        for (int64_t i = r - 1; i < j; ++i) {
-          if (best[r - 1][i] == kInfeasible || !feasible(r - 1, i, j - 1)) continue;
-          if (primary(r - 1, i, j - 1) > bound) continue;
-          const int64_t value = std::max(best[r - 1][i], cost(r - 1, i, j - 1));
-          if (value < best[r][j]) {
-            best[r][j] = value;
-            if (choice) (*choice)[r][j] = i;
-          }
+SplitKey extended(const SplitKey& key, const std::vector<int64_t>& slice) {
+  SplitKey out = key;
+  out.resize(slice.size());
+  for (size_t level = 0; level < slice.size(); ++level) {
+    auto& values = out[level];
+    values.insert(std::upper_bound(values.begin(), values.end(), slice[level], std::greater<int64_t>()), slice[level]);
+  }
+  return out;
+}
+
+// Contiguous split of B blocks into P non-empty slices with the lexicographically smallest
+// SplitKey of `cost(rank, first, last)` (one value per level), slices that break a budget
+// excluded. O(P B^2) slice costs. Ties go to the earliest cut. Returns the first block of each
+// rank, or an empty vector when nothing fits.
+template <typename Cost, typename Feasible>
+std::vector<int64_t> best_split(int P, int64_t B, Cost cost, Feasible feasible) {
+  std::vector<std::vector<std::optional<SplitKey>>> best(P + 1, std::vector<std::optional<SplitKey>>(B + 1));
+  std::vector<std::vector<int64_t>> choice(P + 1, std::vector<int64_t>(B + 1, -1));
+  best[0][0] = SplitKey{};
+  for (int r = 1; r <= P; ++r) {
+    // Rank r-1 takes blocks [i, j); the ranks before it need one block each, the ranks after it
+    // one block each too.
+    for (int64_t j = r; j <= B - (P - r); ++j) {
+      for (int64_t i = r - 1; i < j; ++i) {
+        if (!best[r - 1][i] || !feasible(r - 1, i, j - 1)) continue;
+        SplitKey key = extended(*best[r - 1][i], cost(r - 1, i, j - 1));
+        if (!best[r][j] || key < *best[r][j]) {
+          best[r][j] = std::move(key);
+          choice[r][j] = i;
         }
       }
     }
-    return best[P][B];
-  };
-  const int64_t bound = solve(primary, kInfeasible - 1, nullptr);
-  if (bound == kInfeasible) return {};
-  std::vector<std::vector<int64_t>> choice(P + 1, std::vector<int64_t>(B + 1, -1));
-  solve(secondary, bound, &choice);
+  }
+  if (!best[P][B]) return {};
   std::vector<int64_t> firsts(P);
   int64_t j = B;
   for (int r = P; r >= 1; --r) {
@@ -286,33 +371,62 @@ std::string budgets_text(const std::map<int, uint64_t>& budgets) {
   return s;
 }
 
+// " or use a smaller --dtype" where there is a smaller one to use.
+std::string dtype_advice(const PlanRequest& r) { return r.dtype_bytes > 2 ? " or use --dtype bf16" : ""; }
+
+// What would make the decode stage smaller.
+std::string decode_advice(const PlanRequest& r, const CostModel& model) {
+  std::string s;
+  if (!r.vae_tiling && model.tiling_applies()) s += "use --vae-tiling, ";
+  if (!r.vae_slicing && r.microbatch > 1) s += "use --vae-slicing, ";
+  return s + "raise the budget" + dtype_advice(r) + " or make smaller images";
+}
+
+// The stage of `e` (on `rank`) that exceeds `budget`, as "rank 0 decode: 25.5 GiB (VAE
+// activations 3.0 GiB) > 24.0 GiB; <advice>", or "" when none does.
+std::string stage_over_budget(const PlanRequest& r, const CostModel& model, int rank, const StageEstimate& e,
+                              uint64_t budget, const std::string& note) {
+  const std::string limit = str_cat(" > ", format_bytes(budget), note);
+  // The blocks' own stage first (its weights are what more ranks spread), then the stages
+  // only rank 0 has.
+  if (e.denoise_bytes > budget)
+    return str_cat("rank ", rank, " denoise: ", format_bytes(e.denoise_bytes), " (weights ", format_bytes(e.weight_bytes),
+                   " in ", r.dtype_label, ", activations ", format_bytes(e.activation_bytes), ")", limit,
+                   r.world_size == 1 ? "; add ranks, raise the budget" : "; raise the budget", dtype_advice(r),
+                   r.microbatch > 1 ? " or lower --microbatch" : "");
+  if (e.encode_bytes > budget)
+    return str_cat("rank ", rank, " encode: ", format_bytes(e.encode_bytes), " (text encoders ",
+                   format_bytes(model.encoder_weight_bytes()), " in ", r.dtype_label, ")", limit, "; raise the budget",
+                   dtype_advice(r));
+  if (e.decode_bytes > budget)
+    return str_cat("rank ", rank, " decode: ", format_bytes(e.decode_bytes), " (VAE activations ",
+                   format_bytes(model.vae_activation_bytes()), r.vae_tiling ? ", tiled" : "", ")", limit, "; ",
+                   decode_advice(r, model));
+  return "";
+}
+
 // The clearest reason why no split fits: a rank whose fixed load (plus its lightest possible
-// block) already exceeds its budget, else the total.
+// slice: one block, or every block on 1 rank) already exceeds its budget, else the total.
 [[noreturn]] void throw_infeasible(const PlanRequest& r, const CostModel& model) {
+  const int P = r.world_size;
   for (const auto& [rank, budget] : r.max_memory) {
     // The lightest block this rank could hold: a single block when its window of positions
     // (every other rank needs one block too) reaches one.
-    const int64_t block = std::min(std::max<int64_t>(rank, model.num_double()), model.num_blocks() - r.world_size + rank);
-    StageEstimate e = model.estimate(rank, block, block);
-    if (e.encode_bytes > budget)
-      throw UsageError(str_cat("--max-memory: rank ", rank, "'s budget ", format_bytes(budget),
-                               " cannot hold the text encoders while they encode: ", format_bytes(e.encode_bytes),
-                               " estimated (", format_bytes(model.encoder_weight_bytes()), " of weights in ",
-                               r.dtype_label, ", runtime and activations); raise it or use a smaller --dtype"));
-    if (e.peak_bytes > budget)
-      throw UsageError(str_cat("--max-memory: rank ", rank, "'s budget ", format_bytes(budget),
-                               " is below the least it needs with a single block: ", format_bytes(e.peak_bytes), " (",
-                               e.peak_stage, " stage: runtime, ", format_bytes(e.activation_bytes),
-                               " of activations", rank == 0 ? ", embedders" : "",
-                               rank == r.world_size - 1 ? ", final layer" : "",
-                               rank == 0 && r.vae ? ", VAE decoder while decoding" : "", ")"));
+    const int64_t block = std::min(std::max<int64_t>(rank, model.num_double()), model.num_blocks() - P + rank);
+    const StageEstimate e = P == 1 ? model.estimate(0, 0, model.num_blocks() - 1) : model.estimate(rank, block, block);
+    const std::string over = stage_over_budget(r, model, rank, e, budget, P == 1 ? "" : " even with a single block");
+    if (!over.empty()) throw UsageError(str_cat("--max-memory: ", over));
   }
-  uint64_t weights = to_bytes(model.params().total, r.dtype_bytes);
-  throw UsageError(str_cat("--max-memory: no split of the ", model.num_blocks(), " transformer blocks over ", r.world_size,
-                           " ranks fits the budgets (", budgets_text(r.max_memory), "): the transformer's weights are ",
+  const uint64_t weights = to_bytes(model.params().total, r.dtype_bytes);
+  const std::string what = P == 1 ? str_cat("the ", model.num_blocks(), " transformer blocks do not fit the budget on 1 rank")
+                                  : str_cat("no split of the ", model.num_blocks(), " transformer blocks over ", P,
+                                            " ranks fits the budgets");
+  std::string advice = "raise the budgets, add ranks";
+  if (!r.vae_tiling && model.tiling_applies()) advice += ", use --vae-tiling";
+  throw UsageError(str_cat("--max-memory: ", what, " (", budgets_text(r.max_memory), "): the transformer's weights are ",
                            format_bytes(weights), " in ", r.dtype_label, " and every rank also needs about ",
-                           format_bytes(kRuntimeBaselineBytes + model.activation_bytes()),
-                           " for runtime and activations; raise the budgets, add ranks or use a smaller --dtype"));
+                           format_bytes(kRuntimeBaselineBytes + model.activation_bytes()), " for runtime and activations; ",
+                           advice, r.dtype_bytes > 2 ? " or use --dtype bf16" : ""));
 }
 
 }  // namespace
@@ -375,11 +489,20 @@ int64_t count_vae_decoder_params(const io::VaeConfig& v) {
 
 std::map<int, uint64_t> parse_max_memory(const std::string& text, int world_size) {
   std::map<int, uint64_t> budgets;
+  std::optional<uint64_t> every;
   if (trim(text).empty()) return budgets;
   for (const std::string& entry : split(text, ',')) {
     const size_t eq = entry.find('=');
-    if (eq == std::string::npos)
-      throw UsageError(str_cat("--max-memory: expected entries like 0=16GiB,1=24GiB, got '", entry, "' in '", text, "'"));
+    if (eq == std::string::npos) {
+      // "16GiB": the budget of every rank not named.
+      if (every)
+        throw UsageError(str_cat("--max-memory: more than one budget without a rank in '", text,
+                                 "' (one value for every rank, e.g. 16GiB, or entries like 0=16GiB,1=24GiB)"));
+      if (entry.empty())
+        throw UsageError(str_cat("--max-memory: expected 16GiB (every rank) or entries like 0=16GiB,1=24GiB, got '", text, "'"));
+      every = parse_bytes(entry, "--max-memory");
+      continue;
+    }
     const std::string rank_text = trim(entry.substr(0, eq));
     const auto rank = parse_index(rank_text);
     if (!rank) throw UsageError(str_cat("--max-memory: '", rank_text, "' is not a rank number (in '", text, "')"));
@@ -390,6 +513,8 @@ std::map<int, uint64_t> parse_max_memory(const std::string& text, int world_size
       throw UsageError(str_cat("--max-memory: rank ", *rank, " is given twice in '", text, "'"));
     budgets[static_cast<int>(*rank)] = parse_bytes(trim(entry.substr(eq + 1)), str_cat("--max-memory for rank ", *rank));
   }
+  if (every)
+    for (int r = 0; r < world_size; ++r) budgets.emplace(r, *every);
   return budgets;
 }
 
@@ -463,12 +588,50 @@ std::string StageBlocks::describe() const {
   return s;
 }
 
-StagePlan StagePlan::make(const PlanRequest& r) {
+StagePlan StagePlan::make(const PlanRequest& request) {
+  PlanRequest r = request;
+  FLUX_CHECK(r.dtype_bytes > 0 && r.image_tokens > 0 && r.text_tokens > 0 && r.microbatch > 0 && r.images > 0 &&
+                 r.passes > 0,
+             "plan request with non-positive sizes");
+  const bool applies = CostModel(r).tiling_applies();
+  // Tiling a latent no larger than one tile changes nothing: the plan reports it off.
+  r.vae_tiling = r.vae_tiling && applies;
+  if (r.vae_tiling || !r.auto_vae_tiling || !applies || r.max_memory.empty()) return plan_fixed(r, false);
+  std::optional<StagePlan> untiled;
+  try {
+    untiled = plan_fixed(r, false);
+  } catch (const UsageError&) {
+    // Nothing fits untiled: tiled, or the reason why not even that fits.
+    r.vae_tiling = true;
+    return plan_fixed(r, true);
+  }
+  // The budget lets the untiled decode stage cost balance (rank 0 must take fewer blocks, or
+  // the peaks are less even): tiling, if the tiled plan is better by what the balance ranks first.
+  PlanRequest tiled_request = r;
+  tiled_request.vae_tiling = true;
+  StagePlan tiled = plan_fixed(tiled_request, true);
+  auto primary = [&](const StagePlan& plan) {
+    std::vector<int64_t> v;
+    for (int rank = 0; rank < plan.world_size(); ++rank)
+      v.push_back(r.balance == Balance::Compute ? plan.blocks(rank).count()
+                                                : static_cast<int64_t>(plan.estimate(rank).peak_bytes));
+    std::sort(v.begin(), v.end(), std::greater<int64_t>());
+    return v;
+  };
+  // Rank 0's slice in the tiled plan, decoded untiled, would break its budget: only tiling makes
+  // that plan possible.
+  const auto budget0 = r.max_memory.find(0);
+  const bool decode_binds =
+      budget0 != r.max_memory.end() &&
+      CostModel(r).estimate(0, tiled.blocks(0).first, tiled.blocks(0).last).decode_bytes > budget0->second;
+  if (decode_binds && primary(tiled) < primary(*untiled)) return tiled;
+  return *untiled;
+}
+
+StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
   const int64_t B = r.transformer.num_blocks();
   const int P = r.world_size;
   FLUX_CHECK(P >= 1, "world size ", P);
-  FLUX_CHECK(r.dtype_bytes > 0 && r.image_tokens > 0 && r.text_tokens > 0 && r.microbatch > 0,
-             "plan request with non-positive sizes");
   if (P > B)
     throw UsageError(str_cat("cannot split the transformer's ", B, " blocks over ", P,
                              " ranks: every rank needs at least one block; run with at most ", B, " ranks"));
@@ -487,12 +650,15 @@ StagePlan StagePlan::make(const PlanRequest& r) {
     auto feasible = [&](int rank, int64_t first, int64_t last) {
       return model.estimate(rank, first, last).peak_bytes <= budget_of(rank);
     };
-    auto blocks = [](int, int64_t first, int64_t last) { return last - first + 1; };
-    auto memory = [&](int rank, int64_t first, int64_t last) {
-      return static_cast<int64_t>(model.estimate(rank, first, last).peak_bytes);
+    // compute: block counts (the slowest stage sets the pipeline's pace), then peak memory, then
+    // FLOPs (rank 0's embedders, the last rank's final layer); memory: peaks, then block counts.
+    auto cost = [&](int rank, int64_t first, int64_t last) {
+      const StageEstimate e = model.estimate(rank, first, last);
+      const int64_t blocks = last - first + 1, peak = static_cast<int64_t>(e.peak_bytes);
+      const int64_t flops = std::llround(e.step_flops);
+      return r.balance == Balance::Compute ? std::vector<int64_t>{blocks, peak, flops} : std::vector<int64_t>{peak, blocks};
     };
-    firsts = r.balance == Balance::Compute ? best_split(P, B, blocks, memory, feasible)
-                                           : best_split(P, B, memory, blocks, feasible);
+    firsts = best_split(P, B, cost, feasible);
     if (firsts.empty()) throw_infeasible(r, model);
   }
 
@@ -503,6 +669,8 @@ StagePlan StagePlan::make(const PlanRequest& r) {
   plan.balance_ = r.balance;
   plan.overridden_ = !r.partition.empty();
   plan.budgets_ = r.max_memory;
+  plan.vae_tiling_ = r.vae_tiling;
+  plan.vae_tiling_auto_ = auto_tiling;
   for (int rank = 0; rank < P; ++rank) {
     const int64_t first = firsts[rank];
     const int64_t last = rank + 1 < P ? firsts[rank + 1] - 1 : B - 1;
@@ -520,8 +688,8 @@ StagePlan StagePlan::make(const PlanRequest& r) {
     << group_digits(plan.params_.total) << " parameters (" << format_bytes(to_bytes(plan.params_.total, r.dtype_bytes))
     << " in " << r.dtype_label << ")\n";
   s << "plan: " << (plan.overridden_ ? "--partition override" : str_cat("balance ", balance_name(r.balance)))
-    << " over " << P << " rank" << (P == 1 ? "" : "s") << "; per step " << r.image_tokens << " image + " << r.text_tokens
-    << " text tokens, microbatch " << r.microbatch << "\n";
+    << (P == 1 ? " on 1 rank" : str_cat(" over ", P, " ranks")) << "; per step " << r.image_tokens << " image + "
+    << r.text_tokens << " text tokens, microbatch " << r.microbatch << "\n";
   plan.header_ = s.str();
   {
     const StageEstimate& e0 = plan.estimates_.front();
@@ -530,10 +698,21 @@ StagePlan StagePlan::make(const PlanRequest& r) {
       stages += str_cat("encode ", format_bytes(e0.encode_bytes), " (text encoders ", format_bytes(model.encoder_weight_bytes()),
                         r.keep_encoders ? ", kept resident" : ", freed before the blocks load", "), ");
     stages += str_cat("denoise ", format_bytes(e0.denoise_bytes));
-    if (r.vae)
+    if (r.vae) {
+      std::string how;
+      if (r.vae_tiling)
+        how = str_cat(", tiled: ", model.tile_count(), " tiles", auto_tiling ? ", switched on to fit the budget" : "");
+      if (r.vae_slicing && r.microbatch > 1) how += ", sliced";
       stages += str_cat(", decode ", format_bytes(e0.decode_bytes), " (VAE decoder ", format_bytes(model.vae_weight_bytes()),
-                        " + activations ", format_bytes(model.vae_activation_bytes()), ")");
-    plan.footer_ = stages + "\n";
+                        " + activations ", format_bytes(model.vae_activation_bytes()), how, ")");
+    }
+    stages += "\n";
+    if (r.images > 0)
+      stages += str_cat("rank 0 buffers: ", r.images, " image", r.images == 1 ? "" : "s", " x ",
+                        format_bytes(model.job_bytes() / static_cast<uint64_t>(r.images)),
+                        " (text embeddings and latents) = ", format_bytes(model.job_bytes()), "; activations per rank ",
+                        format_bytes(model.activation_bytes()), " (microbatch ", r.microbatch, ")\n");
+    plan.footer_ = stages;
   }
   return plan;
 }

@@ -17,7 +17,9 @@ namespace fluxmpi::parallel {
 
 /// `--balance compute` (equal block counts: every block costs the same FLOPs per token) or
 /// `--balance memory` (equal estimated peak memory: a double block holds ~2.4x the weights of a
-/// single block, and rank 0 carries the embedders, text encoders and VAE).
+/// single block, and rank 0 carries the embedders, text encoders and VAE). Both compare plans
+/// lexicographically over the sorted per-rank loads (the largest, then the next largest, ...):
+/// compute by block counts, then peak memory, then FLOPs; memory by peak memory, then blocks.
 enum class Balance { Compute, Memory };
 /// "compute" | "memory"; UsageError naming --balance otherwise.
 Balance parse_balance(const std::string& text);
@@ -63,6 +65,9 @@ inline constexpr int64_t kTextStreamTensors = 6;
 /// Largest-level VAE decoder activations alive at once (input, normalised, conv output,
 /// residual / upsampled copy).
 inline constexpr int64_t kVaeLiveTensors = 4;
+/// diffusers' AutoencoderKL tile overlap (tile_overlap_factor), for the tiled decode estimate
+/// (models/vae/tiling.h computes the same geometry for the decoder itself).
+inline constexpr double kVaeTileOverlap = 0.25;
 
 /// An inclusive range of global block indices.
 struct BlockRange {
@@ -72,8 +77,10 @@ struct BlockRange {
 };
 
 /// Per-rank memory budgets from `--max-memory 0=16GiB,1=24GiB` (sizes as core/units.h
-/// parse_bytes reads them). Ranks not named are unbounded. UsageError naming --max-memory for
-/// bad syntax, bad sizes, ranks outside 0..world_size-1 and ranks named twice.
+/// parse_bytes reads them, Slurm's 16G and 500M included). An entry without a rank (`16GiB`)
+/// is the budget of every rank not named. Ranks not named otherwise are unbounded. UsageError
+/// naming --max-memory for bad syntax, bad sizes, ranks outside 0..world_size-1 and ranks or
+/// defaults given twice.
 std::map<int, uint64_t> parse_max_memory(const std::string& text, int world_size);
 
 /// `--partition 0:0-8,1:9-56` (entries in any order; "r:a" is a single block) -> one range per
@@ -111,6 +118,7 @@ struct StageEstimate {
   uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations
   uint64_t encode_bytes = 0;      ///< rank 0 while encoding prompts; 0 elsewhere
   uint64_t decode_bytes = 0;      ///< rank 0 while decoding latents; 0 elsewhere
+  uint64_t job_bytes = 0;         ///< rank 0: per-image buffers of the whole job (text embeddings, latents)
   uint64_t peak_bytes = 0;        ///< max over this rank's stages
   const char* peak_stage = "denoise";  ///< "encode" | "denoise" | "decode"
 };
@@ -130,7 +138,14 @@ struct PlanRequest {
   int64_t image_tokens = 4096;             ///< L_img per image (1024x1024: 4096)
   int64_t text_tokens = 512;               ///< L_txt = max_sequence_length
   int64_t microbatch = 1;                  ///< images per message
+  int64_t images = 1;                      ///< images of the job (their buffers stay on rank 0)
+  int64_t passes = 1;                      ///< transformer passes per step (2 with true CFG)
+  int64_t latent_height = 0, latent_width = 0;  ///< VAE latent cells; 0: a square of 4 x image_tokens
   bool keep_encoders = false;              ///< text encoders stay resident on rank 0
+  bool vae_tiling = false;                 ///< --vae-tiling: decode in tiles (when the latent exceeds one)
+  bool vae_slicing = false;                ///< --vae-slicing: decode a microbatch one image at a time
+  /// Turn tiling on when the decode stage would not fit rank 0's budget otherwise.
+  bool auto_vae_tiling = true;
   /// Largest attention score chunk of the math path: pass nn::kAttentionChunkBytes (an input so
   /// that this file stays free of libtorch). 0: the scores of all heads at once (no chunking) —
   /// an upper bound, enough for callers that need only the slices.
@@ -161,6 +176,12 @@ class StagePlan {
   /// then reports them as unclaimed.
   bool owns_key(int rank, const std::string& key) const;
 
+  /// Whether rank 0 decodes in tiles: asked for (--vae-tiling) or switched on because the
+  /// untiled decode stage does not fit rank 0's budget (auto_vae_tiling), and the latent is
+  /// larger than one tile (else tiling changes nothing).
+  bool vae_tiling() const { return vae_tiling_; }
+  /// Tiling was switched on by the planner, not asked for.
+  bool vae_tiling_auto() const { return vae_tiling_auto_; }
   /// The transformer's parameter counts the plan was made from.
   const TransformerParamCounts& params() const { return params_; }
   /// The `--dry-run` table: a summary line, then one row per rank (blocks, weights, FLOPs share,
@@ -168,6 +189,9 @@ class StagePlan {
   std::string table() const;
 
  private:
+  /// make() with the tiling decision taken: `auto_tiling` records that it was switched on.
+  static StagePlan plan_fixed(const PlanRequest& request, bool auto_tiling);
+
   std::vector<StageBlocks> blocks_;
   std::vector<StageEstimate> estimates_;
   std::map<int, uint64_t> budgets_;
@@ -176,6 +200,8 @@ class StagePlan {
   int64_t num_single_ = 0;
   Balance balance_ = Balance::Compute;
   bool overridden_ = false;
+  bool vae_tiling_ = false;
+  bool vae_tiling_auto_ = false;
   std::string header_;  ///< summary lines above the rows
   std::string footer_;  ///< rank 0's stages below them
 };

@@ -147,6 +147,34 @@ TEST_F(Resume, RefusesAnotherJobsCheckpoint) {
   EXPECT_NE(r.output.find("'seed' is 5 in the checkpoint, the command line asks for 6"), std::string::npos) << r.output;
 }
 
+// Tiled VAE decoding changes the pixels, so the checkpoint records it: a resumed run decodes as
+// the killed run would have (tiled without repeating --vae-tiling), and refuses a checkpoint made
+// untiled when --vae-tiling is given. The tiny preset's VAE (sample_size 32) tiles a 64-px image.
+TEST_F(Resume, KeepsTheVaeTilingOfTheCheckpoint) {
+  auto tiled = [&](const std::string& tag) {
+    auto a = args(tag, "model", "6");
+    a.push_back("--vae-tiling");
+    return a;
+  };
+  ASSERT_EQ(run_fluxmpi(2, tiled("tiledref")).exit_code, 0);
+  JobResult killed = run_fluxmpi(2, tiled("tk"), 60, {"FLUXMPI_FAULT=kill@1:3"});
+  ASSERT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_EQ(ckpt::CheckpointReader::open(*dir_ / "tk.h5").attributes(0).vae_tiling, 1);
+  JobResult resumed = run_fluxmpi(2, resume_args("tk"), 120);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  expect_same_as("tk", "tiledref");
+  EXPECT_FALSE(identical("tiled vs untiled PNG", png_pixels(*dir_ / "tiledref-00000.png"), png_pixels(*dir_ / "ref-00000.png")));
+
+  fs::copy_file(*dir_ / "ref.h5", *dir_ / "untiled.h5");
+  auto a = resume_args("untiled");
+  a.push_back("--vae-tiling");
+  JobResult refused = run_fluxmpi(1, a, 60);
+  EXPECT_EQ(refused.exit_code, 3) << refused.output;
+  EXPECT_NE(refused.output.find("/images/00000: 'vae_tiling' is 0 in the checkpoint, the command line asks for 1"),
+            std::string::npos)
+      << refused.output;
+}
+
 TEST_F(Resume, AFinishedCheckpointHasNothingLeft) {
   fs::copy_file(*dir_ / "ref.h5", *dir_ / "finished.h5");
   JobResult r = run_fluxmpi(2, resume_args("finished"), 60);

@@ -17,6 +17,12 @@ fail() { echo "FAIL: $*"; exit 1; }
   || { cat "$work/run.log"; fail "fluxmpi-run exited non-zero"; }
 [ -s "$work/run.png" ] || fail "fluxmpi-run wrote no PNG"
 grep -q "fluxmpi\[rank 0/2\]" "$work/run.log" || fail "fluxmpi-run did not start 2 ranks"
+# A usage error: fluxmpi's one line, then the launcher's, and no mpirun banner; the exit code is kept.
+rc=0; out=$("$src/launch/fluxmpi-run" -n 2 --threads 1 --bin "$fluxmpi" -- --steps 0 2>&1) || rc=$?
+[ "$rc" -eq 2 ] || fail "fluxmpi-run after a usage error: exit code $rc, expected 2: $out"
+[ "$(printf '%s\n' "$out" | wc -l)" -eq 2 ] || fail "fluxmpi-run after a usage error printed more than 2 lines: $out"
+case "$out" in *"UsageError: --steps must be positive, got 0"*"fluxmpi-run: the job failed with exit code 2"*) ;;
+  *) fail "fluxmpi-run after a usage error: $out" ;; esac
 out=$("$src/launch/fluxmpi-run" -n 3 --threads 2 --gpu --bin "$fluxmpi" --dry -- --prompt x)
 case "$out" in *"-np 3 --bind-to none"*"--threads 2 --device cuda --prompt x"*) ;; *) fail "fluxmpi-run --dry: $out" ;; esac
 

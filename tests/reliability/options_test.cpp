@@ -56,7 +56,7 @@ std::vector<BadInput> rows() {
                {"--checkpoint '{work}/out/new.h5' and --resume '{work}/old.h5' name different files"})
           .setup(make_file("old.h5", "an earlier run\n"))
           .args({"--checkpoint", "{work}/out/new.h5", "--resume", "{work}/old.h5"}),
-      BadInput("cli_max_memory_too_small", kExitUsage, "UsageError", {"--max-memory: rank 0's budget 1.0 KiB cannot hold"})
+      BadInput("cli_max_memory_too_small", kExitUsage, "UsageError", {"--max-memory: rank 0 denoise: ", " > 1.0 KiB; add ranks, raise the budget"})
           .args({"--max-memory", "0=1KiB"}),
 
       // --- INI files (--config) -------------------------------------------------------------------

@@ -99,7 +99,7 @@ TEST_F(Options, EveryOptionReachesTheRunConfig) {
                             "--guidance", "4", "--max-sequence-length", "128", "--checkpoint", path("run.h5"),
                             "--checkpoint-every", "5", "--dtype", "bf16", "--device", "cuda", "--threads", "8", "--balance",
                             "memory", "--partition", "0:0-8,1:9-56", "--max-memory", "0=16GiB,1=24GiB", "--microbatch", "2",
-                            "--keep-encoders", "--dry-run", "--log-level", "debug", "--no-progress"}));
+                            "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "debug", "--no-progress"}));
   EXPECT_EQ(c.prompt_2, "t5 text");
   EXPECT_EQ(c.negative_prompt, std::optional<std::string>("blurry"));
   EXPECT_EQ(c.true_cfg, 2.5);
@@ -376,7 +376,7 @@ TEST_F(Options, HelpListsEveryOptionWithItsDefault) {
                            "--num-images", "--seed", "--height", "--width", "--steps", "--guidance",
                            "--max-sequence-length", "--output", "--checkpoint", "--checkpoint-every", "--resume", "--dtype",
                            "--device", "--threads", "--balance", "--partition", "--max-memory", "--microbatch",
-                           "--keep-encoders", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
+                           "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
                            "--lora"})
     EXPECT_THAT(r.text, HasSubstr(name));
   for (const char* group : {"Model options", "Sampling options", "Parallel options", "Output options", "General options"})

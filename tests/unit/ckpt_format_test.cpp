@@ -147,6 +147,8 @@ TEST(CheckpointFormat, CheckMatchesNamesTheFirstDifferingField) {
        "run.h5: /images/00000: 'max_sequence_length' is 16 in the checkpoint, the command line asks for 512"},
       {[](Job& j) { j.images[0].dtype = "bf16"; },
        "run.h5: /images/00000: 'dtype' is \"fp32\" in the checkpoint, the command line asks for \"bf16\""},
+      {[](Job& j) { j.images[1].vae_tiling = 1; },  // tiled decoding changes the pixels
+       "run.h5: /images/00001: 'vae_tiling' is 0 in the checkpoint, the command line asks for 1"},
   };
   for (const Change& c : changes) {
     Job stored = tiny_job();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -69,6 +70,7 @@ io::VaeConfig flux_vae() {
   c.norm_num_groups = 32;
   c.use_post_quant_conv = false;
   c.mid_block_add_attention = true;
+  c.sample_size = 1024;
   return c;
 }
 
@@ -170,22 +172,20 @@ TEST(ParamCounts, EqualTheFixtureWeights) {
 
 // ---- plans ---------------------------------------------------------------------------------
 
-struct Objective {
-  int64_t primary = 0;
-  int64_t secondary = 0;
-  bool operator==(const Objective& o) const { return primary == o.primary && secondary == o.secondary; }
-  bool operator<(const Objective& o) const {
-    return primary != o.primary ? primary < o.primary : secondary < o.secondary;
-  }
-};
+// A plan's cost as the planner compares plans: per level, the per-rank values sorted from the
+// largest down (compute: blocks, peak memory, FLOPs; memory: peak memory, blocks), compared
+// lexicographically.
+using Objective = std::vector<std::vector<int64_t>>;
 
 Objective objective_of(const StagePlan& plan, Balance balance) {
-  int64_t max_blocks = 0, max_peak = 0;
+  std::vector<int64_t> blocks, peaks, flops;
   for (int r = 0; r < plan.world_size(); ++r) {
-    max_blocks = std::max(max_blocks, plan.blocks(r).count());
-    max_peak = std::max(max_peak, static_cast<int64_t>(plan.estimate(r).peak_bytes));
+    blocks.push_back(plan.blocks(r).count());
+    peaks.push_back(static_cast<int64_t>(plan.estimate(r).peak_bytes));
+    flops.push_back(std::llround(plan.estimate(r).step_flops));
   }
-  return balance == Balance::Compute ? Objective{max_blocks, max_peak} : Objective{max_peak, max_blocks};
+  for (auto* v : {&blocks, &peaks, &flops}) std::sort(v->begin(), v->end(), std::greater<int64_t>());
+  return balance == Balance::Compute ? Objective{blocks, peaks, flops} : Objective{peaks, blocks};
 }
 
 // The best objective over every contiguous split (each one planned as a --partition override;
@@ -193,14 +193,15 @@ Objective objective_of(const StagePlan& plan, Balance balance) {
 Objective brute_force_best(PlanRequest request) {
   const int P = request.world_size;
   const int64_t B = request.transformer.num_blocks();
-  Objective best{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max()};
+  std::optional<Objective> best;
   std::vector<BlockRange> ranges(P);
   std::function<void(int, int64_t)> walk = [&](int rank, int64_t first) {
     if (rank == P - 1) {
       ranges[rank] = {first, B - 1};
       request.partition = ranges;
       try {
-        best = std::min(best, objective_of(StagePlan::make(request), request.balance));
+        Objective o = objective_of(StagePlan::make(request), request.balance);
+        if (!best || o < *best) best = o;
       } catch (const UsageError&) {
         // over a budget: not a candidate
       }
@@ -212,7 +213,7 @@ Objective brute_force_best(PlanRequest request) {
     }
   };
   walk(0, 0);
-  return best;
+  return best.value_or(Objective{});
 }
 
 void expect_well_formed(const StagePlan& plan, const PlanRequest& request) {
@@ -391,14 +392,51 @@ TEST(Budgets, RankZeroMustHoldTheTextEncoders) {
   PlanRequest request = dev_request(2, Balance::Memory);
   request.max_memory = {{0, 8 * kGiB}};  // T5-XXL alone is 8.9 GiB in bf16
   const std::string msg = usage_error([&] { StagePlan::make(request); });
-  EXPECT_NE(msg.find("rank 0's budget 8.0 GiB cannot hold the text encoders"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--max-memory: rank 0 encode: 9.5 GiB (text encoders 9.1 GiB in bf16) > 8.0 GiB even with a single "
+                     "block; raise the budget"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("--dtype"), std::string::npos) << msg;  // bf16 already
 }
 
 TEST(Budgets, ARankBelowItsFixedLoadIsNamed) {
   PlanRequest request = dev_request(2, Balance::Compute);
   request.max_memory = {{1, 1 * kGiB}};
   const std::string msg = usage_error([&] { StagePlan::make(request); });
-  EXPECT_NE(msg.find("rank 1's budget 1.0 GiB is below the least it needs with a single block"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--max-memory: rank 1 denoise: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" > 1.0 GiB even with a single block"), std::string::npos) << msg;
+}
+
+TEST(Budgets, DecodeStageSuggestsTiling) {
+  // 4096 x 4096 in bf16 on 2 ranks with tiling left to the user: rank 0's decode stage (32 GiB
+  // of VAE activations, above the 23.7 GiB of its denoise stage) is the one that cannot fit, and
+  // tiling is the advice.
+  PlanRequest request = dev_request(2, Balance::Compute);
+  request.image_tokens = 65536;
+  request.latent_height = request.latent_width = 512;
+  request.auto_vae_tiling = false;
+  request.max_memory = {{0, 28 * kGiB}};
+  const std::string msg = usage_error([&] { StagePlan::make(request); });
+  EXPECT_NE(msg.find("--max-memory: rank 0 decode: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(VAE activations 32.5 GiB) > 28.0 GiB even with a single block; use --vae-tiling, raise the "
+                     "budget or make smaller images"),
+            std::string::npos)
+      << msg;
+  // Switched on by the planner, the same budget fits.
+  request.auto_vae_tiling = true;
+  const StagePlan plan = StagePlan::make(request);
+  EXPECT_TRUE(plan.vae_tiling());
+  EXPECT_TRUE(plan.vae_tiling_auto());
+  EXPECT_LE(plan.estimate(0).peak_bytes, 28 * kGiB);
+}
+
+TEST(Budgets, OneRankIsSingular) {
+  PlanRequest request = dev_request(1, Balance::Compute);
+  EXPECT_NE(StagePlan::make(request).table().find("balance compute on 1 rank;"), std::string::npos);
+  request.max_memory = {{0, 10 * kGiB}};
+  const std::string msg = usage_error([&] { StagePlan::make(request); });
+  EXPECT_EQ(msg.find("1 ranks"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--max-memory: rank 0 denoise: "), std::string::npos) << msg;
 }
 
 TEST(Budgets, OverrideAboveABudgetIsAnError) {
@@ -421,8 +459,14 @@ TEST(Budgets, Parsing) {
   EXPECT_NE(usage_error([] { parse_max_memory("2=16GiB", 2); }).find("rank 2 is out of range: the job has 2 ranks (0-1)"),
             std::string::npos);
   EXPECT_NE(usage_error([] { parse_max_memory("0=1GiB,0=2GiB", 2); }).find("rank 0 is given twice"), std::string::npos);
-  EXPECT_NE(usage_error([] { parse_max_memory("0:16GiB", 2); }).find("expected entries like 0=16GiB,1=24GiB"),
+  // A value without a rank is every rank's budget; named ranks keep theirs.
+  EXPECT_EQ(parse_max_memory("16GiB", 3), (std::map<int, uint64_t>{{0, 16 * kGiB}, {1, 16 * kGiB}, {2, 16 * kGiB}}));
+  EXPECT_EQ(parse_max_memory("1=8G, 16G", 2), (std::map<int, uint64_t>{{0, 16 * kGiB}, {1, 8 * kGiB}}));
+  EXPECT_EQ(parse_max_memory("500M", 1).at(0), 500ull << 20);
+  EXPECT_EQ(parse_max_memory("16gib", 1).at(0), 16 * kGiB);
+  EXPECT_NE(usage_error([] { parse_max_memory("16GiB,8GiB", 2); }).find("more than one budget without a rank"),
             std::string::npos);
+  EXPECT_NE(usage_error([] { parse_max_memory("0:16GiB", 2); }).find("--max-memory: unknown unit"), std::string::npos);
   EXPECT_NE(usage_error([] { parse_max_memory("x=16GiB", 2); }).find("'x' is not a rank number"), std::string::npos);
   EXPECT_NE(usage_error([] { parse_max_memory("0=16 apples", 2); }).find("--max-memory for rank 0"), std::string::npos);
 }

@@ -91,6 +91,44 @@ TEST(VaeDecoder, BatchItemsAreIndependent) {
   EXPECT_TRUE(test::close_to("image 1 alone", vae->forward(z.narrow(0, 1, 1)), both.narrow(0, 1, 1), test::kTolFp32));
 }
 
+// diffusers' tile geometry for the FLUX.1 VAE (sample_size 1024, 4 levels): 128-cell latent tiles
+// every 96 cells, 256 pixels blended, 768 kept per tile.
+TEST(VaeTiling, FluxGeometryIsDiffusersDefault) {
+  io::VaeConfig flux;
+  flux.block_out_channels = {128, 256, 512, 512};
+  flux.sample_size = 1024;
+  const TileGeometry g = tile_geometry(flux);
+  EXPECT_EQ(g.sample_tile, 1024);
+  EXPECT_EQ(g.latent_tile, 128);
+  EXPECT_EQ(g.latent_stride(), 96);
+  EXPECT_EQ(g.blend_extent(), 256);
+  EXPECT_EQ(g.row_limit(), 768);
+  EXPECT_FALSE(g.applies(128, 128));  // 1024 x 1024: one tile, decoded untiled as diffusers does
+  EXPECT_TRUE(g.applies(128, 129));
+  EXPECT_EQ(g.tile_count(256, 256), 9);  // 2048 x 2048
+  EXPECT_EQ(g.tile_count(128, 128), 1);
+}
+
+TEST(VaeTiling, TiledOutputHasTheImageSizeAndSlicingChangesNothing) {
+  io::VaeConfig c = small_config();
+  c.sample_size = 8;  // 2 levels: 4-cell latent tiles every 3 cells, 2 pixels blended
+  VaeDecoder vae(c);
+  nn::fill_random(*vae, 13);
+  const at::Tensor z = at::randn({2, 4, 7, 10});
+  const at::Tensor whole = vae->decode(z, DecodeOptions{});
+  const at::Tensor tiled = vae->decode(z, DecodeOptions{/*tiling=*/true, /*slicing=*/false});
+  ASSERT_EQ(tiled.sizes(), whole.sizes());
+  // The top-left tile's first rows and columns are its own decode, before any blending.
+  const at::Tensor first = vae->forward(z.slice(2, 0, 4).slice(3, 0, 4));
+  EXPECT_TRUE(test::identical("top-left corner of the tiled image", tiled.slice(2, 0, 6).slice(3, 0, 6)[0],
+                              first.slice(2, 0, 6).slice(3, 0, 6)[0]));
+  EXPECT_FALSE(test::identical("tiled vs whole", tiled, whole));
+  const at::Tensor sliced = vae->decode(z, DecodeOptions{true, true});
+  EXPECT_TRUE(test::close_to("sliced tiles vs batched tiles", sliced, tiled, test::kTolFp32));
+  EXPECT_TRUE(test::identical("sliced untiled image 1 vs decoded alone", vae->decode(z, DecodeOptions{false, true})[1],
+                              vae->forward(z.narrow(0, 1, 1))[0]));
+}
+
 TEST(VaeDecoder, PostQuantConvRunsBeforeTheDecoder) {
   VaeDecoder with(small_config(/*post_quant_conv=*/true));
   nn::fill_random(*with, 13);

@@ -44,13 +44,19 @@ std::vector<io::RgbImage> to_rgb_images(const at::Tensor& decoded) {
 }
 
 io::RgbImage decode_image(const VaeDecoder& vae, const at::Tensor& packed, const flux::LatentGeometry& geometry,
-                          const io::VaeConfig& config) {
+                          const io::VaeConfig& config, const DecodeOptions& options) {
   // packed: [1, L, 4C] or [L, 4C]
   FLUX_CHECK(packed.dim() == 2 || (packed.dim() == 3 && packed.size(0) == 1),
              "decode_image expects the packed latents of one image, got shape ", nn::shape_string(packed.sizes()));
   at::Tensor batch = packed.dim() == 2 ? packed.unsqueeze(0) : packed;
-  at::Tensor decoded = vae->forward(vae_input_from_packed(batch, geometry, config));
-  return to_rgb_images(decoded).front();
+  return decode_images(vae, batch, geometry, config, options).front();
+}
+
+std::vector<io::RgbImage> decode_images(const VaeDecoder& vae, const at::Tensor& packed,
+                                        const flux::LatentGeometry& geometry, const io::VaeConfig& config,
+                                        const DecodeOptions& options) {
+  // packed: [B, L, 4C]
+  return to_rgb_images(vae->decode(vae_input_from_packed(packed, geometry, config), options));
 }
 
 }  // namespace fluxmpi::vae

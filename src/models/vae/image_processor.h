@@ -25,6 +25,11 @@ std::vector<io::RgbImage> to_rgb_images(const at::Tensor& decoded);
 /// Everything after denoising for one image: packed latents [1, L, 4C] or [L, 4C] -> vae input ->
 /// decode (in the decoder's dtype) -> RGB.
 io::RgbImage decode_image(const VaeDecoder& vae, const at::Tensor& packed, const flux::LatentGeometry& geometry,
-                          const io::VaeConfig& config);
+                          const io::VaeConfig& config, const DecodeOptions& options = {});
+/// The same for a batch, packed [B, L, 4C], decoded in one call as `options` say (without
+/// slicing all B images at once, as diffusers decodes a batch).
+std::vector<io::RgbImage> decode_images(const VaeDecoder& vae, const at::Tensor& packed,
+                                        const flux::LatentGeometry& geometry, const io::VaeConfig& config,
+                                        const DecodeOptions& options);
 
 }  // namespace fluxmpi::vae

@@ -1,5 +1,5 @@
-// Semantics of diffusers AutoencoderKL._decode (no tiling, no slicing): post_quant_conv when the
-// config enables it, then the Decoder.
+// Semantics of diffusers AutoencoderKL._decode: post_quant_conv when the config enables it, then the
+// Decoder; decode() adds tiling and slicing (tiling.h).
 #include "models/vae/vae_decoder.h"
 
 #include <c10/core/InferenceMode.h>
@@ -28,6 +28,10 @@ at::Tensor VaeDecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) con
   at::Tensor h = z.to(device(), dtype());
   if (post_quant_conv_) h = post_quant_conv_->forward(h);
   return decoder_->forward(h, trace);
+}
+
+at::Tensor VaeDecoderImpl::decode(const at::Tensor& z, const DecodeOptions& options) const {
+  return decode_latents([this](const at::Tensor& x) { return forward(x); }, z, tile_geometry(config_), options);
 }
 
 namespace {

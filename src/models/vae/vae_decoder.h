@@ -10,6 +10,7 @@
 #include "io/model_dir.h"
 #include "models/common/layers.h"
 #include "models/vae/decoder.h"
+#include "models/vae/tiling.h"
 
 namespace fluxmpi::vae {
 
@@ -21,6 +22,10 @@ class VaeDecoderImpl : public torch::nn::Module {
   /// Runs under c10::InferenceMode; z is converted to the weights' dtype and device. Records the
   /// decoder's intermediates into `trace` when given.
   at::Tensor forward(const at::Tensor& z, DecoderTrace* trace = nullptr) const;
+  /// forward() applied as diffusers AutoencoderKL.decode with enable_tiling / enable_slicing:
+  /// tiles of tile_geometry(config()) when `options.tiling` and the latent exceeds one tile,
+  /// one image at a time when `options.slicing`.
+  at::Tensor decode(const at::Tensor& z, const DecodeOptions& options) const;
 
   const io::VaeConfig& config() const { return config_; }
   /// dtype of the loaded weights (the run dtype).

@@ -1,0 +1,101 @@
+// Semantics of diffusers AutoencoderKL.decode with use_slicing / use_tiling: _decode tiles when
+// the latent is larger than tile_latent_min_size; tiled_decode cuts the latent into tiles that
+// start every int(tile_latent_min_size * (1 - tile_overlap_factor)) cells, decodes each, blends
+// each decoded tile into the (already blended) tile above and the one to its left, and keeps the
+// top-left row_limit x row_limit pixels of each.
+#include "models/vae/tiling.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::vae {
+
+int64_t TileGeometry::latent_stride() const {
+  // int() of a float product, as in Python: truncation towards zero.
+  return static_cast<int64_t>(static_cast<double>(latent_tile) * (1.0 - overlap));
+}
+
+int64_t TileGeometry::blend_extent() const {
+  return static_cast<int64_t>(static_cast<double>(sample_tile) * overlap);
+}
+
+bool TileGeometry::applies(int64_t latent_height, int64_t latent_width) const {
+  return latent_height > latent_tile || latent_width > latent_tile;
+}
+
+int64_t TileGeometry::tile_count(int64_t latent_height, int64_t latent_width) const {
+  if (!applies(latent_height, latent_width)) return 1;
+  const int64_t s = latent_stride();
+  return ((latent_height + s - 1) / s) * ((latent_width + s - 1) / s);
+}
+
+TileGeometry tile_geometry(const io::VaeConfig& config) {
+  TileGeometry g;
+  g.sample_tile = config.sample_size;
+  g.latent_tile = static_cast<int64_t>(static_cast<double>(config.sample_size) /
+                                       static_cast<double>(config.scale_factor()));
+  FLUX_CHECK(g.latent_tile > 0 && g.latent_stride() > 0, "VAE sample_size ", config.sample_size,
+             " gives no usable tile for a scale factor of ", config.scale_factor());
+  return g;
+}
+
+namespace {
+
+// blend_v / blend_h: the first `extent` rows (dim 2) or columns (dim 3) of `b` become a linear
+// ramp from the last `extent` of `a` to `b`'s own, in place. Each line is computed as diffusers
+// writes it, a * (1 - k / e) + b * (k / e) with Python-float weights, so the roundings match.
+void blend(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
+  const int64_t e = std::min({a.size(dim), b.size(dim), extent});
+  for (int64_t k = 0; k < e; ++k) {
+    const double w = static_cast<double>(k) / static_cast<double>(e);
+    at::Tensor line = b.select(dim, k);
+    line.copy_(a.select(dim, a.size(dim) - e + k) * (1.0 - w) + line * w);
+  }
+}
+
+at::Tensor tiled_decode(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& g) {
+  const int64_t h = z.size(2), w = z.size(3);
+  const int64_t stride = g.latent_stride(), extent = g.blend_extent(), limit = g.row_limit();
+  std::vector<at::Tensor> above;  // the previous row of tiles, blended
+  std::vector<at::Tensor> rows;   // each row of cropped tiles, concatenated
+  for (int64_t i = 0; i < h; i += stride) {
+    std::vector<at::Tensor> row;
+    std::vector<at::Tensor> crops;
+    for (int64_t j = 0, col = 0; j < w; j += stride, ++col) {
+      const at::Tensor latent = z.slice(2, i, std::min(i + g.latent_tile, h)).slice(3, j, std::min(j + g.latent_tile, w));
+      at::Tensor tile = decode(latent.contiguous());
+      if (!above.empty()) blend(above[static_cast<size_t>(col)], tile, extent, 2);
+      if (!row.empty()) blend(row.back(), tile, extent, 3);
+      crops.push_back(tile.slice(2, 0, limit).slice(3, 0, limit));
+      row.push_back(std::move(tile));
+    }
+    rows.push_back(at::cat(crops, 3));
+    above = std::move(row);
+  }
+  return at::cat(rows, 2);
+}
+
+}  // namespace
+
+at::Tensor decode_latents(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& geometry,
+                          const DecodeOptions& options) {
+  // z: [B, latent_channels, h, w]
+  FLUX_CHECK(z.dim() == 4, "VAE latents must be [B, C, h, w], got ", nn::shape_string(z.sizes()));
+  // The decoder's outputs are inference tensors: blending writes into them in place.
+  c10::InferenceMode guard;
+  auto one_pass = [&](const at::Tensor& x) {
+    return options.tiling && geometry.applies(x.size(2), x.size(3)) ? tiled_decode(decode, x, geometry) : decode(x);
+  };
+  if (!options.slicing || z.size(0) == 1) return one_pass(z);
+  std::vector<at::Tensor> images;
+  for (int64_t b = 0; b < z.size(0); ++b) images.push_back(one_pass(z.slice(0, b, b + 1)));
+  return at::cat(images, 0);
+}
+
+}  // namespace fluxmpi::vae

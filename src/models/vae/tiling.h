@@ -1,0 +1,52 @@
+#pragma once
+/// How the VAE decoder is applied to a batch of latents: all at once, one image at a time
+/// (slicing), or in overlapping latent tiles decoded one at a time and blended (tiling).
+/// Semantics of diffusers AutoencoderKL.enable_slicing / enable_tiling (decode, _decode,
+/// tiled_decode, blend_v, blend_h) with the tile sizes diffusers derives from the VAE config.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "io/configs.h"
+
+namespace fluxmpi::vae {
+
+/// The tile geometry of diffusers' tiled decoding for one VAE.
+struct TileGeometry {
+  int64_t sample_tile = 0;  ///< pixels of a decoded tile's side: config sample_size
+  int64_t latent_tile = 0;  ///< latent cells of a tile's side: sample_size / 2^(levels - 1)
+  double overlap = 0.25;    ///< share of a tile that overlaps its neighbour
+
+  /// Latent cells between the starts of two neighbouring tiles: int(latent_tile * (1 - overlap)).
+  int64_t latent_stride() const;
+  /// Pixel rows (columns) blended between neighbours: int(sample_tile * overlap).
+  int64_t blend_extent() const;
+  /// Pixels each tile contributes to the output before the next one starts.
+  int64_t row_limit() const { return sample_tile - blend_extent(); }
+  /// diffusers tiles only latents larger than one tile in some direction.
+  bool applies(int64_t latent_height, int64_t latent_width) const;
+  /// Tiles a latent of this size is cut into (1 when tiling does not apply).
+  int64_t tile_count(int64_t latent_height, int64_t latent_width) const;
+};
+/// AutoencoderKL's defaults: tile_sample_min_size = sample_size, tile_latent_min_size =
+/// int(sample_size / 2^(levels - 1)), tile_overlap_factor = 0.25.
+TileGeometry tile_geometry(const io::VaeConfig& config);
+
+struct DecodeOptions {
+  bool tiling = false;   ///< --vae-tiling
+  bool slicing = false;  ///< --vae-slicing: images of a batch one at a time
+};
+
+/// One decoder pass: z [B, latent_channels, h, w] -> image [B, C, h * s, w * s].
+using DecodeFn = std::function<at::Tensor(const at::Tensor&)>;
+
+/// z [B, latent_channels, h, w] -> [B, C, H, W], decoded as `options` say: with slicing one
+/// image of the batch at a time; with tiling (when the latent exceeds one tile) in tiles of
+/// `geometry`, each blended into the tile above and the tile to its left over blend_extent()
+/// rows and columns by a linear ramp, then cropped to row_limit() and concatenated.
+at::Tensor decode_latents(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& geometry,
+                          const DecodeOptions& options);
+
+}  // namespace fluxmpi::vae
