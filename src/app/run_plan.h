@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "io/model_dir.h"
 #include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
@@ -13,6 +14,7 @@ namespace fluxmpi::app {
 
 struct RunPlan {
   std::string model;
+  io::ModelSources sources;  ///< as rank 0 resolved them (config folder included): no rank re-decides
   std::string dtype;
   std::string device;
   int64_t threads = 0;

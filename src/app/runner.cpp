@@ -219,7 +219,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     parallel::apply_threads(parallel::resolve_threads(static_cast<int>(plan.threads), env));
     if (rank == 0) encode_prompts(*root, device);
     t_load = Clock::now();
-    io::ModelDir dir(plan.model);
+    io::ModelDir dir(plan.sources);
     parallel::PlanRequest request;
     request.transformer = dir.transformer_config();
     request.world_size = P;

@@ -35,9 +35,12 @@ void match_parameters(const torch::nn::Module& module, const io::TensorStore& st
       throw WeightError(str_cat(store.label(), ": tensor '", key, "' not found (expected shape ",
                                 shape_string(param.sizes()), ")"));
     const std::vector<int64_t>& shape = store.get(found).entry->shape;  // header only: no data is read
-    if (!std::equal(shape.begin(), shape.end(), param.sizes().begin(), param.sizes().end()))
-      throw WeightError(str_cat(store.label(), ": tensor '", found, "' in '", store.file_of(found), "' has shape ",
-                                shape_string(shape), ", expected ", shape_string(param.sizes())));
+    if (!std::equal(shape.begin(), shape.end(), param.sizes().begin(), param.sizes().end())) {
+      const std::string stored = store.stored_as(found);
+      throw WeightError(str_cat(store.label(), ": tensor '", found, "'", stored.empty() ? "" : " (stored as " + stored + ")",
+                                " in '", store.file_of(found), "' has shape ", shape_string(shape), ", expected ",
+                                shape_string(param.sizes())));
+    }
     claimed.insert(found);
     // A tied copy stored under another name is the same weight: it is accounted for.
     if (auto alias = rules.aliases.find(key); alias != rules.aliases.end()) {
@@ -72,8 +75,8 @@ LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, c
   match_parameters(module, store, rules, [&](at::Tensor param, const std::string& key) {
     io::TensorView view = store.get(key);
     at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
-    value.copy_(borrow(view));
-    view.file->release(*view.entry);
+    copy_view(view, value);  // row runs of fused or renamed tensors, float8 decoded
+    view.release();
     param.set_data(value);
     stats.tensors += 1;
     stats.bytes += value.numel() * static_cast<int64_t>(value.element_size());
