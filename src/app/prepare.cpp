@@ -22,17 +22,14 @@ bool keep_row(int64_t step, int64_t steps, int64_t every) { return (step + 1) % 
 void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
   FLUX_CHECK(r.num_images() > 0, "checkpoint without images");
   const ckpt::ImageAttributes& a = r.attributes(0);
-  if (c.model.empty() && c.transformer.empty() && c.vae.empty() && c.text_encoder.empty() && c.text_encoder_2.empty() &&
-      c.model_config.empty()) {
-    // The weights the checkpoint was made with, file by file.
-    const ckpt::FileAttributes::Sources& s = r.file().sources;
-    c.model = r.file().model;
-    c.transformer = s.transformer;
-    c.vae = s.vae;
-    c.text_encoder = s.text_encoder;
-    c.text_encoder_2 = s.text_encoder_2;
-    c.model_config = s.model_config;
-  }
+  if (c.model.empty()) c.model = r.file().model;
+  // The weights the checkpoint was made with, file by file, unless the command line names them.
+  const ckpt::FileAttributes::Sources& s = r.file().sources;
+  if (c.transformer.empty()) c.transformer = s.transformer;
+  if (c.vae.empty()) c.vae = s.vae;
+  if (c.text_encoder.empty()) c.text_encoder = s.text_encoder;
+  if (c.text_encoder_2.empty()) c.text_encoder_2 = s.text_encoder_2;
+  if (c.model_config.empty()) c.model_config = s.model_config;
   if (!c.was_given("height")) c.height = a.height;
   if (!c.was_given("width")) c.width = a.width;
   if (!c.was_given("steps")) c.steps = a.num_inference_steps;

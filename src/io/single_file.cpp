@@ -96,28 +96,34 @@ std::vector<PresentedTensor> map_original_transformer(const SafetensorsHeader& h
   if (config.guidance_embeds && !any_key_starts_with(header, found.prefix + "guidance_in."))
     throw WeightError(str_cat(label, ": has no guidance embedder ('", found.prefix, "guidance_in.*') but ",
                               cfg.transformer_label, " says 'guidance_embeds' true"));
-  // The config's widths fix how many rows each stored tensor has.
-  std::map<std::string, int64_t> rows_needed;
+  // The config's widths fix each stored tensor's shape: its rows from the pieces cut out of it,
+  // its other dims from the diffusers tensors they make.
+  std::map<std::string, std::vector<int64_t>> diffusers_shape;
+  for (auto& [key, shape] : flux_diffusers_shapes(config)) diffusers_shape[key] = shape;
+  std::map<std::string, std::vector<int64_t>> expected;
   std::vector<PresentedTensor> out;
   for (const auto& key : diffusers_keys) {
     PresentedTensor t;
     t.key = key;
     for (const auto& p : flux_original_pieces(key, config)) {
-      t.rows.push_back({found.prefix + p.original_key, p.row_begin, p.row_end});
-      int64_t& need = rows_needed[found.prefix + p.original_key];
-      need = std::max(need, p.row_end);
+      const std::string stored = found.prefix + p.original_key;
+      t.rows.push_back({stored, p.row_begin, p.row_end});
+      std::vector<int64_t>& want = expected[stored];
+      if (want.empty()) {
+        want = diffusers_shape.at(key);  // every mapped key is a tensor of the configured model
+        want[0] = 0;
+      }
+      want[0] = std::max(want[0], p.row_end);
     }
     out.push_back(std::move(t));
   }
-  for (const auto& [stored, need] : rows_needed) {
+  for (const auto& [stored, want] : expected) {
     const TensorEntry* e = header.find(stored);
     if (e == nullptr)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (the original layout stores it with ", need,
-                                " rows)"));
-    if (e->shape.empty() || e->shape[0] != need)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ", need,
-                                " rows (", cfg.transformer_label, ": 'num_attention_heads' x 'attention_head_dim' = ",
-                                config.inner_dim(), ")"));
+      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (expected shape ", shape_text(want), ")"));
+    if (e->shape != want)
+      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ",
+                                shape_text(want), " (the widths of ", cfg.transformer_label, ")"));
   }
   return out;
 }
