@@ -107,6 +107,11 @@ TEST(SingleFileJobs, ResumeChecksTheSourceFiles) {
   first.insert(first.end(), {"--checkpoint", dir / "run.h5", "-o", dir / "run.png"});
   JobResult r = run_fluxmpi(1, first);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // fluxmpi-inspect decodes with the VAE file the checkpoint records: the run's own image.
+  JobResult decoded = run_program(inspect_bin(), {dir / "run.h5", "--decode", dir / "decoded.png"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.output;
+  EXPECT_TRUE(identical("fluxmpi-inspect --decode with the recorded ae.safetensors", png_pixels(dir / "decoded.png"),
+                        png_pixels(dir / "run.png")));
   // The whole transformer from the all-in-one file instead: another source, refused.
   const std::string all = single_file_dir(*files) + "/" + files->pipeline_json["files"]["all_in_one_fp8"].get<std::string>();
   JobResult other = run_fluxmpi(1, {"--resume", dir / "run.h5", "--transformer", all, "-o", dir / "again.png"});
