@@ -55,8 +55,17 @@ constexpr int64_t kMaxThreads = 1024;
 constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
 
 const Spec kSpecs[] = {
-    {"model", 0, Group::Model, Kind::Text, "DIR", nullptr,
-     "diffusers FluxPipeline folder (FLUX.1-dev or FLUX.1-schnell); with --resume, default: the one the checkpoint names", false},
+    {"model", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr,
+     "diffusers FluxPipeline folder (FLUX.1-dev or FLUX.1-schnell), or one .safetensors file: a transformer "
+     "(original or diffusers keys) or an all-in-one checkpoint; with --resume, default: the one the checkpoint names", false},
+    {"transformer", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr,
+     "transformer weights replacing --model's: a diffusers component folder or a single file", false},
+    {"vae", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr, "VAE weights (diffusers folder, or ae.safetensors-style file)", false},
+    {"text-encoder", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr, "CLIP text encoder weights (folder or clip_l.safetensors)", false},
+    {"text-encoder-2", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr, "T5 encoder weights (folder or t5xxl_*.safetensors)", false},
+    {"model-config", 0, Group::Model, Kind::Text, "DIR", nullptr,
+     "diffusers-layout folder whose configs, tokenizers and scheduler describe the weights (its weights are not "
+     "read); default: --model when a folder, else the shipped FLUX.1-dev or FLUX.1-schnell configs", false},
     {"dtype", 0, Group::Model, Kind::Text, "fp32|bf16|fp16", nullptr,
      "compute dtype (default: fp32 on cpu, bf16 on cuda); weights of any dtype are converted", false},
     {"lora", 0, Group::Model, Kind::Text, "FILE[:SCALE]", nullptr,
@@ -374,13 +383,31 @@ bool ends_with_png(const std::string& path) {
 
 void check_model(const Settings& s, RunConfig& c) {
   c.model = s.text("model");
+  std::error_code ec;
+  // Each weight source: a folder or a regular file (what it holds is checked when it is opened).
+  auto check_source = [&](const char* name, std::string& out) {
+    out = s.text(name);
+    if (!s.has(name)) return;
+    if (out.empty()) s.fail(name, "must not be empty");
+    if (!fs::exists(out, ec)) s.fail(name, str_cat("'", out, "': not found"));
+    if (!fs::is_directory(out, ec) && !fs::is_regular_file(out, ec))
+      s.fail(name, str_cat("'", out, "': not a folder or a regular file"));
+  };
+  check_source("transformer", c.transformer);
+  check_source("vae", c.vae);
+  check_source("text-encoder", c.text_encoder);
+  check_source("text-encoder-2", c.text_encoder_2);
+  c.model_config = s.text("model-config");
+  if (s.has("model-config") && !fs::is_directory(c.model_config, ec))
+    s.fail("model-config", str_cat("'", c.model_config, "': ", fs::exists(c.model_config, ec) ? "not a directory" : "not found"));
   if (c.model.empty()) {
-    if (!s.has("resume")) s.fail("model", "is required: the diffusers FluxPipeline folder (DIR with model_index.json)");
+    if (!s.has("resume") && c.transformer.empty())
+      s.fail("model", "is required: a diffusers FluxPipeline folder (DIR with model_index.json) or a .safetensors file");
     return;
   }
-  std::error_code ec;
   if (!fs::exists(c.model, ec)) s.fail("model", str_cat("'", c.model, "': not found"));
-  if (!fs::is_directory(c.model, ec)) s.fail("model", str_cat("'", c.model, "': not a directory"));
+  if (!fs::is_directory(c.model, ec) && !fs::is_regular_file(c.model, ec))
+    s.fail("model", str_cat("'", c.model, "': not a folder or a regular file"));
 }
 
 // --lora FILE[:SCALE], in the order given: each file must exist (its contents are checked against
@@ -521,7 +548,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
 
 std::string help_text() {
   std::ostringstream os;
-  os << "Usage: fluxmpi --model DIR (--prompt TEXT | --prompts-file FILE) [options]\n"
+  os << "Usage: fluxmpi --model DIR|FILE (--prompt TEXT | --prompts-file FILE) [options]\n"
         "       mpirun -np P fluxmpi ...   (the transformer's blocks are split over the P ranks)\n"
         "       fluxmpi --resume RUN.h5 [options]\n\n"
         "FLUX.1 text-to-image inference (diffusers FluxPipeline semantics).\n"

@@ -1,6 +1,7 @@
 #include "app/prepare.h"
 
 #include "app/defaults.h"
+#include "app/model_sources.h"
 #include "app/options.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -26,6 +27,13 @@ void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
   FLUX_CHECK(r.num_images() > 0, "checkpoint without images");
   const ckpt::ImageAttributes& a = r.attributes(0);
   if (c.model.empty()) c.model = r.file().model;
+  // The weights the checkpoint was made with, file by file, unless the command line names them.
+  const ckpt::FileAttributes::Sources& s = r.file().sources;
+  if (c.transformer.empty()) c.transformer = s.transformer;
+  if (c.vae.empty()) c.vae = s.vae;
+  if (c.text_encoder.empty()) c.text_encoder = s.text_encoder;
+  if (c.text_encoder_2.empty()) c.text_encoder_2 = s.text_encoder_2;
+  if (c.model_config.empty()) c.model_config = s.model_config;
   if (!c.was_given("height")) c.height = a.height;
   if (!c.was_given("width")) c.width = a.width;
   if (!c.was_given("steps")) c.steps = a.num_inference_steps;
@@ -167,7 +175,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
                              c.device, " (use bf16 or fp32", c.device == "cpu" ? ", or --device cuda" : "", ")"));
   if (!c.dry_run && resolve_seed(c)) log::info("no --seed given: using seed ", *c.seed, " (pass --seed ", *c.seed, " to repeat)");
 
-  run.model.emplace(c.model);
+  run.model.emplace(model_sources_of(c));
   const io::ModelDir& dir = *run.model;
   resolve_defaults(c, dir);
   const io::TransformerConfig& tc = dir.transformer_config();
@@ -181,6 +189,9 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   run.file.model = c.model;
   run.file.model_config = tc.json_text;
   run.file.vae_scale_factor = dir.vae_config().scale_factor();
+  run.file.sources = {dir.source(io::Component::Transformer).path, dir.source(io::Component::Vae).path,
+                      dir.source(io::Component::TextEncoder).path, dir.source(io::Component::TextEncoder2).path,
+                      dir.root()};
   run.progress.assign(run.images.size(), ImageProgress{});
   if (checkpoint) {
     // Whether tiling is used is known once the plan is made; it is compared then.
@@ -197,6 +208,13 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   }
 
   dir.check_consistency(/*with_text=*/c.dry_run || run.any_encoding());
+  if (!c.dry_run) {
+    dir.require(io::Component::Vae);
+    if (run.any_encoding()) {
+      dir.require(io::Component::TextEncoder);
+      dir.require(io::Component::TextEncoder2);
+    }
+  }
   {
     io::TensorStore store = dir.open_weights("transformer");
     dir.check_transformer_weights(store);
@@ -239,14 +257,15 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   if (checkpoint) ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
 
   if (c.dry_run) {
-    out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + run.stages->table() +
-                 lora_table(run.loras, *run.stages);
+    out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + dir.describe_sources() +
+                 run.stages->table() + lora_table(run.loras, *run.stages);
     out.dry_run_plan = run.stages;
     return out;
   }
 
   RunPlan& plan = run.plan;
   plan.model = c.model;
+  plan.sources = dir.sources();
   plan.dtype = c.dtype;
   plan.device = c.device;
   plan.threads = c.threads;

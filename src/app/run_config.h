@@ -23,11 +23,15 @@ namespace fluxmpi::app {
 
 struct RunConfig {
   // Model.
-  std::string model;   ///< --model: diffusers FluxPipeline folder; empty only with --resume (the checkpoint names it)
+  std::string model;   ///< --model: diffusers FluxPipeline folder or a .safetensors file; empty only with --resume or a --transformer
   std::string dtype;   ///< "fp32" | "bf16" | "fp16"; default fp32 on cpu, bf16 on cuda
   std::string device = "cpu";  ///< "cpu" | "cuda"
   /// --lora FILE[:SCALE], repeatable, in the order given (merged in that order); absolute paths.
   std::vector<io::LoraSpec> loras;
+  // Single files (docs/cli.md, "Using the files you already have"): each replaces that component
+  // of --model, which may itself be a .safetensors file; --model-config gives configs/tokenizers.
+  std::string transformer, vae, text_encoder, text_encoder_2;
+  std::string model_config;
 
   // Sampling.
   /// From --prompt (one) or --prompts-file (one per non-blank line). Empty only with --resume

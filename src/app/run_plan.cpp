@@ -1,5 +1,7 @@
 #include "app/run_plan.h"
 
+#include <iterator>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -9,6 +11,8 @@ namespace fluxmpi::app {
 std::string to_json(const RunPlan& p) {
   nlohmann::json j;
   j["model"] = p.model;
+  const io::ModelSources& m = p.sources;
+  j["sources"] = {m.model, m.transformer, m.vae, m.text_encoder, m.text_encoder_2, m.model_config, m.shipped_models};
   j["dtype"] = p.dtype;
   j["device"] = p.device;
   j["threads"] = p.threads;
@@ -30,6 +34,11 @@ RunPlan run_plan_from_json(const std::string& text) {
     nlohmann::json j = nlohmann::json::parse(text);
     RunPlan p;
     p.model = j.at("model").get<std::string>();
+    const nlohmann::json& m = j.at("sources");
+    std::string* fields[] = {&p.sources.model,          &p.sources.transformer,  &p.sources.vae,
+                             &p.sources.text_encoder,   &p.sources.text_encoder_2, &p.sources.model_config,
+                             &p.sources.shipped_models};
+    for (size_t i = 0; i < std::size(fields); ++i) *fields[i] = m.at(i).get<std::string>();
     p.dtype = j.at("dtype").get<std::string>();
     p.device = j.at("device").get<std::string>();
     p.threads = j.at("threads").get<int64_t>();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "io/lora_file.h"
+#include "io/model_dir.h"
 #include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
@@ -14,6 +15,7 @@ namespace fluxmpi::app {
 
 struct RunPlan {
   std::string model;
+  io::ModelSources sources;  ///< as rank 0 resolved them (config folder included): no rank re-decides
   std::string dtype;
   std::string device;
   int64_t threads = 0;

@@ -224,7 +224,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       root->prepared.loras = LoraCheck{};  // unmapped: each rank reopens the LoRAs for its slice below
     }
     t_load = Clock::now();
-    io::ModelDir dir(plan.model);
+    io::ModelDir dir(plan.sources);
     parallel::PlanRequest request;
     request.transformer = dir.transformer_config();
     request.world_size = P;

@@ -132,6 +132,12 @@ void CheckpointFile::validate_root() {
   attrs_.fluxmpi_version = h5::read_string_attribute(f, "fluxmpi_version", path_);
   attrs_.model = h5::read_string_attribute(f, "model", path_);
   attrs_.model_config = h5::read_string_attribute(f, "model_config", path_);
+  for (const auto& [name, value] : {std::pair<const char*, std::string*>{"source_transformer", &attrs_.sources.transformer},
+                                    {"source_vae", &attrs_.sources.vae},
+                                    {"source_text_encoder", &attrs_.sources.text_encoder},
+                                    {"source_text_encoder_2", &attrs_.sources.text_encoder_2},
+                                    {"source_model_config", &attrs_.sources.model_config}})
+    if (h5::has_attribute(f, name)) *value = h5::read_string_attribute(f, name, path_);
   attrs_.created = h5::read_string_attribute(f, "created", path_);
   attrs_.vae_scale_factor = h5::read_int_attribute(f, "vae_scale_factor", path_);
   config_ = stored_transformer_config(attrs_.model_config, str_cat(path_, ": attribute 'model_config'"));

@@ -178,6 +178,20 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     d.field(w, "axes_dims_rope", s.axes_dims_rope, r.axes_dims_rope);
   }
   d.field("", "vae_scale_factor", stored_file.vae_scale_factor, requested_file.vae_scale_factor);
+  // The weights themselves: a recorded source the run also names must be the same file. (A
+  // resumed run that encodes nothing names no text encoders.)
+  {
+    const auto& s = stored_file.sources;
+    const auto& r = requested_file.sources;
+    const std::pair<const char*, std::pair<const std::string*, const std::string*>> sources[] = {
+        {"source_transformer", {&s.transformer, &r.transformer}},
+        {"source_vae", {&s.vae, &r.vae}},
+        {"source_text_encoder", {&s.text_encoder, &r.text_encoder}},
+        {"source_text_encoder_2", {&s.text_encoder_2, &r.text_encoder_2}},
+        {"source_model_config", {&s.model_config, &r.model_config}}};
+    for (const auto& [name, pair] : sources)
+      if (!pair.first->empty() && !pair.second->empty()) d.field("", name, *pair.first, *pair.second);
+  }
   d.field("", "number of images", static_cast<int64_t>(stored_images.size()),
           static_cast<int64_t>(requested_images.size()));
   for (size_t i = 0; i < stored_images.size() && i < requested_images.size() && !d.found(); ++i) {

@@ -40,6 +40,11 @@ struct FileAttributes {
   /// fixes L_img. An addition to DESIGN.md §5, documented in docs/hdf5-format.md.
   int64_t vae_scale_factor = 8;
   std::string created;          ///< ISO 8601 UTC; empty in create(): now
+  /// Where each component's weights and the configs came from (absolute paths; empty: not
+  /// recorded, e.g. a checkpoint of an older fluxmpi). Attributes source_<name>; --resume checks them.
+  struct Sources {
+    std::string transformer, vae, text_encoder, text_encoder_2, model_config;
+  } sources;
   int64_t format_version = kFormatVersion;
 };
 

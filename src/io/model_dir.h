@@ -8,9 +8,37 @@
 #include <string>
 
 #include "io/configs.h"
+#include "io/single_file.h"
 #include "io/tensor_store.h"
 
 namespace fluxmpi::io {
+
+/// Where a run's model comes from: the command line's --model, the per-component overrides and
+/// --model-config (docs/cli.md, "Using the files you already have").
+struct ModelSources {
+  std::string model;  ///< a diffusers FluxPipeline folder, or one .safetensors file
+  /// Replace one component of `model`: a diffusers component folder or a single file each.
+  std::string transformer, vae, text_encoder, text_encoder_2;
+  /// A diffusers-layout folder whose configs, tokenizers and scheduler describe the weights (its
+  /// weights are never read). Empty: `model` when it is a folder, else the shipped FLUX.1-dev or
+  /// FLUX.1-schnell folder under `shipped_models`, chosen by the transformer's guidance embedder.
+  std::string model_config;
+  std::string shipped_models;  ///< the folder holding the shipped FLUX.1-dev/ and FLUX.1-schnell/
+
+  const std::string& override_of(Component c) const;
+  bool only_a_folder() const;  ///< `model` alone (the diffusers folder of old)
+};
+
+/// Where one component's weights are, once resolved.
+struct ComponentSource {
+  std::string path;          ///< a folder or a file; empty: no source (the component is not available)
+  bool single_file = false;
+  ComponentInFile found;     ///< with single_file: the component's prefix and layout inside the file
+  std::string missing;       ///< with an empty path: why (names the option to give)
+
+  /// "/m/flux1-dev.safetensors (original FLUX keys under 'model.diffusion_model.')" or "/m/transformer (diffusers folder)"
+  std::string describe() const;
+};
 
 /// FLUX.1-dev is guidance-distilled (a guidance embedding); FLUX.1-schnell is not.
 enum class Variant { Dev, Schnell };
@@ -20,6 +48,10 @@ class ModelDir {
  public:
   /// Checks that `root` is a directory with model_index.json; throws ConfigError otherwise.
   explicit ModelDir(const std::string& root);
+  /// Resolves `sources`: the config folder (see ModelSources::model_config) and each component's
+  /// weights, detecting the layout of every single file from its header. Throws ConfigError /
+  /// WeightError / UsageError naming the option and the file.
+  explicit ModelDir(const ModelSources& sources);
 
   const std::string& root() const { return root_; }
   /// root/relative
@@ -47,8 +79,18 @@ class ModelDir {
 
   TensorStore open_weights(const std::string& component) const;
 
+  /// The sources as resolved (paths made absolute); the folder layout of old when built from a root.
+  const ModelSources& sources() const { return sources_; }
+  const ComponentSource& source(Component c) const;
+  /// Throws UsageError naming the option to give when the component has no source.
+  void require(Component c) const;
+  /// "transformer: <source>" lines and the config folder, for --dry-run and the log.
+  std::string describe_sources() const;
+
  private:
   std::string root_;
+  ModelSources sources_;
+  ComponentSource components_[4];
   mutable std::optional<TransformerConfig> transformer_;
   mutable std::optional<SchedulerConfig> scheduler_;
   mutable std::optional<VaeConfig> vae_;

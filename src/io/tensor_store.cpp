@@ -28,7 +28,98 @@ std::string read_text_file(const fs::path& path, const std::string& label) {
   return os.str();
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 }  // namespace
+
+uint64_t TensorPiece::row_bytes() const {
+  if (entry->shape.empty() || entry->shape[0] == 0) return entry->num_bytes();
+  return entry->num_bytes() / static_cast<uint64_t>(entry->shape[0]);
+}
+
+std::vector<int64_t> TensorPiece::shape() const {
+  std::vector<int64_t> s = entry->shape;
+  if (!s.empty()) s[0] = row_end - row_begin;
+  return s;
+}
+
+bool TensorView::stored_as_is() const {
+  if (pieces.size() != 1) return false;
+  const TensorPiece& p = pieces[0];
+  const int64_t rows = p.entry->shape.empty() ? 1 : p.entry->shape[0];
+  return p.row_begin == 0 && p.row_end == rows && p.entry->shape == entry->shape;
+}
+
+const uint8_t* TensorView::data() const {
+  FLUX_CHECK(stored_as_is(), "tensor '", entry->name, "' is presented from ", pieces.size(), " row runs, not stored as is");
+  return pieces[0].data();
+}
+
+void TensorView::release() const {
+  for (const auto& p : pieces) p.file->release(*p.entry);
+}
+
+TensorStore TensorStore::open_presented(std::shared_ptr<const SafetensorsFile> shared, const std::string& label,
+                                        const std::vector<PresentedTensor>& tensors) {
+  TensorStore store;
+  const std::string& path = shared->path();
+  store.dir_ = fs::path(path).parent_path().string();
+  store.label_ = label;
+  const std::string name = fs::path(path).filename().string();
+  const SafetensorsFile& file = *shared;
+  store.open_[name] = std::move(shared);
+  for (const auto& t : tensors) {
+    auto p = std::make_shared<Presented>();
+    p->entry.name = t.key;
+    int64_t rows = 0;
+    for (const auto& r : t.rows) {
+      const TensorEntry* e = file.find(r.stored_key);
+      if (e == nullptr) throw WeightError(str_cat(label, ": tensor '", r.stored_key, "' not found in '", path, "'"));
+      if (e->shape.empty())
+        throw WeightError(str_cat(label, ": tensor '", r.stored_key, "' in '", path, "' is a scalar, expected rows"));
+      const int64_t end = r.row_end < 0 ? e->shape[0] : r.row_end;
+      if (r.row_begin < 0 || r.row_begin > end || end > e->shape[0])
+        throw WeightError(str_cat(label, ": tensor '", r.stored_key, "' in '", path, "' has shape ", shape_text(e->shape),
+                                  ": its rows [", r.row_begin, ", ", end, ") for '", t.key, "' are out of range"));
+      if (!p->pieces.empty()) {
+        const TensorEntry* first = p->pieces.front().entry;
+        if (e->dtype != first->dtype || !std::equal(e->shape.begin() + 1, e->shape.end(), first->shape.begin() + 1,
+                                                    first->shape.end()))
+          throw WeightError(str_cat(label, ": tensors '", first->name, "' and '", e->name, "' in '", path,
+                                    "' make up '", t.key, "' but differ in dtype or trailing shape"));
+      }
+      p->pieces.push_back(TensorPiece{e, &file, r.row_begin, end});
+      rows += end - r.row_begin;
+    }
+    FLUX_CHECK(!p->pieces.empty(), "presented tensor '", t.key, "' without rows");
+    const TensorEntry* first = p->pieces.front().entry;
+    p->entry.dtype = first->dtype;
+    std::vector<int64_t> natural = first->shape;
+    natural[0] = rows;
+    uint64_t bytes = 0;
+    for (const auto& piece : p->pieces) bytes += piece.num_bytes();
+    if (!t.shape.empty()) {
+      int64_t a = 1, b = 1;
+      for (auto d : t.shape) a *= d;
+      for (auto d : natural) b *= d;
+      if (a != b)
+        throw WeightError(str_cat(label, ": tensor '", first->name, "' in '", path, "' has shape ", shape_text(natural),
+                                  ", which cannot be presented as '", t.key, "' of shape ", shape_text(t.shape)));
+      p->entry.shape = t.shape;
+    } else {
+      p->entry.shape = natural;
+    }
+    p->entry.begin = 0;
+    p->entry.end = bytes;
+    store.key_to_file_[t.key] = name;
+    store.presented_[t.key] = std::move(p);
+  }
+  return store;
+}
 
 TensorStore TensorStore::open_file(const std::string& path, const std::string& label) {
   TensorStore store;
@@ -125,14 +216,39 @@ const SafetensorsFile& TensorStore::shard(const std::string& file) const {
 }
 
 TensorView TensorStore::get(const std::string& key) const {
+  if (auto it = presented_.find(key); it != presented_.end()) {
+    const Presented& p = *it->second;
+    return TensorView{&p.entry, p.pieces[0].file, p.pieces};
+  }
   const std::string& file = file_of(key);
   const SafetensorsFile& f = shard(file);
   const TensorEntry* e = f.find(key);
   if (e == nullptr)
     throw WeightError(str_cat(label_, ": tensor '", key, "' is listed in the index but missing from '", f.path(), "'"));
-  return TensorView{e, &f};
+  return TensorView{e, &f, {TensorPiece{e, &f, 0, e->shape.empty() ? 1 : e->shape[0]}}};
 }
 
-void TensorStore::close() { open_.clear(); }
+std::string TensorStore::stored_as(const std::string& key) const {
+  auto it = presented_.find(key);
+  if (it == presented_.end()) return "";
+  std::string out;
+  for (const auto& p : it->second->pieces) {
+    if (!out.empty()) out += " + ";
+    const int64_t rows = p.entry->shape.empty() ? 1 : p.entry->shape[0];
+    if (p.row_begin == 0 && p.row_end == rows) out += str_cat("'", p.entry->name, "'");
+    else out += str_cat("rows [", p.row_begin, ", ", p.row_end, ") of '", p.entry->name, "'");
+  }
+  if (out == str_cat("'", key, "'")) return "";
+  return out;
+}
+
+void TensorStore::close() {
+  open_.clear();
+  // Presented tensors point into the mapping: they go with it.
+  if (!presented_.empty()) {
+    presented_.clear();
+    key_to_file_.clear();
+  }
+}
 
 }  // namespace fluxmpi::io

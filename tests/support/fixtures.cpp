@@ -68,6 +68,38 @@ std::vector<CaseRef> cases_of_kind(const std::string& kind) {
   return out;
 }
 
+bool single_file_fixtures_present() {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(fixture_root()) / "single-file" / "manifest.json", ec);
+}
+
+std::vector<CaseRef> single_file_cases() {
+  std::vector<CaseRef> out;
+  if (!single_file_fixtures_present()) return {CaseRef{}};
+  const fs::path dir = fs::path(fixture_root()) / "single-file";
+  std::ifstream in(dir / "manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(in);
+  for (auto it = m["single_file"].begin(); it != m["single_file"].end(); ++it) {
+    for (const auto& c : it.value()["cases"]) {
+      CaseRef r;
+      r.pipeline = it.key();
+      r.name = c["name"].get<std::string>();
+      r.kind = c.value("weights", "");
+      r.file = (dir / c["file"].get<std::string>()).string();
+      r.model_dir = (dir / it.value()["model_config"].get<std::string>()).lexically_normal().string();
+      r.json = c;
+      r.pipeline_json = it.value();
+      out.push_back(std::move(r));
+    }
+  }
+  if (out.empty()) out.push_back(CaseRef{});
+  return out;
+}
+
+std::string single_file_dir(const CaseRef& c) {
+  return (fs::path(fixture_root()) / "single-file" / c.pipeline_json["files_dir"].get<std::string>()).string();
+}
+
 std::string case_test_name(const testing::TestParamInfo<CaseRef>& info) {
   if (info.param.pipeline.empty()) return "no_fixtures";
   std::string s = info.param.pipeline + "__" + info.param.name;

@@ -45,6 +45,16 @@ void PrintTo(const CaseRef& c, std::ostream* os);
 
 std::string missing_fixtures_message();
 
+/// The cases of single-file/manifest.json (the fixtures' weights as community files). For each:
+/// `file` = the case's tensors, `model_dir` = the config folder to pass as --model-config,
+/// `pipeline_json` = the manifest entry ("files": the files; "files_dir"), `name` = the case name,
+/// `kind` = "files" or "fp8-all" (which weights). Without that manifest: one placeholder case.
+std::vector<CaseRef> single_file_cases();
+/// The folder of a single-file entry's files (single-file/<files_dir>).
+std::string single_file_dir(const CaseRef& c);
+/// single-file/manifest.json exists under the fixture tree.
+bool single_file_fixtures_present();
+
 /// One case of tokenizer_cases.json; an empty id stands for "no fixture file".
 struct TokenizerCase {
   std::string id;
@@ -79,6 +89,18 @@ std::string first_difference(const std::vector<int64_t>& got, const std::vector<
       if (::fluxmpi::test::running_in_ci()) FAIL() << ::fluxmpi::test::missing_fixtures_message(); \
       GTEST_SKIP() << ::fluxmpi::test::missing_fixtures_message();                        \
     }                                                                                     \
+  } while (0)
+
+/// First statement of a single-file test: skips (fails under CI=true) without single-file/manifest.json.
+#define FLUXMPI_REQUIRE_SINGLE_FILE_CASE(c)                                                \
+  do {                                                                                    \
+    if (!::fluxmpi::test::single_file_fixtures_present()) {                               \
+      const std::string why = "single-file fixtures not found: no single-file/manifest.json in '" + \
+                              ::fluxmpi::test::fixture_root() + "' (set FLUXMPI_FIXTURES; under CI=true this is a failure)"; \
+      if (::fluxmpi::test::running_in_ci()) FAIL() << why;                               \
+      GTEST_SKIP() << why;                                                                \
+    }                                                                                     \
+    ASSERT_FALSE((c).pipeline.empty()) << "no case in single-file/manifest.json";         \
   } while (0)
 
 #define FLUXMPI_REQUIRE_CASE(c)                                                            \

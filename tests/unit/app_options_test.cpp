@@ -235,12 +235,31 @@ TEST_F(Options, TrueCfgNeedsBothScaleAndNegativePrompt) {
   EXPECT_EQ(empty_negative.negative_prompt, std::optional<std::string>(""));
 }
 
-TEST_F(Options, ModelMustBeAnExistingDirectory) {
+TEST_F(Options, ModelMustBeAnExistingFolderOrFile) {
   EXPECT_EQ(usage_error({"--prompt", "x", "-o", out_}),
-            "--model is required: the diffusers FluxPipeline folder (DIR with model_index.json)");
+            "--model is required: a diffusers FluxPipeline folder (DIR with model_index.json) or a .safetensors file");
   EXPECT_EQ(usage_error({"--model", path("nope"), "--prompt", "x", "-o", out_}), str_cat("--model '", path("nope"), "': not found"));
-  std::string file = write("file", "x");
-  EXPECT_EQ(usage_error({"--model", file, "--prompt", "x", "-o", out_}), str_cat("--model '", file, "': not a directory"));
+  // A file is a single-file checkpoint: what it holds is checked when it is opened, not here.
+  std::string file = write("flux1-dev.safetensors", "x");
+  RunConfig c = parse({"--model", file, "--prompt", "x", "-o", out_});
+  EXPECT_EQ(c.model, file);
+}
+
+TEST_F(Options, ComponentSourcesAndModelConfig) {
+  std::string vae = write("ae.safetensors", "x");
+  RunConfig c = parse({"--model", model_, "--vae", vae, "--text-encoder", model_, "--model-config", model_, "--prompt", "x",
+                       "-o", out_});
+  EXPECT_EQ(c.vae, vae);
+  EXPECT_EQ(c.text_encoder, model_);
+  EXPECT_EQ(c.model_config, model_);
+  EXPECT_EQ(usage_error({"--model", model_, "--vae", path("nope.safetensors"), "--prompt", "x", "-o", out_}),
+            str_cat("--vae '", path("nope.safetensors"), "': not found"));
+  EXPECT_EQ(usage_error({"--model", model_, "--model-config", vae, "--prompt", "x", "-o", out_}),
+            str_cat("--model-config '", vae, "': not a directory"));
+  // --transformer alone is enough: the other components then need their own options.
+  RunConfig t = parse({"--transformer", vae, "--prompt", "x", "-o", out_});
+  EXPECT_TRUE(t.model.empty());
+  EXPECT_EQ(t.transformer, vae);
 }
 
 TEST_F(Options, OutputMustBeAPngInAWritableDirectory) {

@@ -110,6 +110,29 @@ TEST(CheckpointFormat, CheckMatchesAcceptsTheSameJobAndIgnoresPathVersionAndTime
   EXPECT_EQ(matches_error(a, b), "matches");
 }
 
+// Where the weights came from: a recorded source must be the file the run uses; a source only one
+// side records (an older checkpoint, a resumed run that loads no text encoder) is not compared.
+TEST(CheckpointFormat, CheckMatchesComparesTheRecordedSourceFiles) {
+  Job a = tiny_job();
+  a.file.sources = {"/m/flux1-dev.safetensors", "/m/ae.safetensors", "/m/clip_l.safetensors", "/m/t5xxl.safetensors",
+                    "/usr/share/fluxmpi/models/FLUX.1-dev"};
+  Job b = a;
+  EXPECT_EQ(matches_error(a, b), "matches");
+  b.file.sources.text_encoder.clear();
+  b.file.sources.text_encoder_2.clear();
+  EXPECT_EQ(matches_error(a, b), "matches");
+  Job old = tiny_job();  // no source_* attributes
+  EXPECT_EQ(matches_error(old, a), "matches");
+  b = a;
+  b.file.sources.vae = "/m/other-ae.safetensors";
+  EXPECT_EQ(matches_error(a, b),
+            "run.h5: 'source_vae' is \"/m/ae.safetensors\" in the checkpoint, the command line asks for "
+            "\"/m/other-ae.safetensors\"; the checkpoint belongs to another job");
+  b = a;
+  b.file.sources.transformer = "/m/flux1-dev-fp8.safetensors";
+  EXPECT_NE(matches_error(a, b).find("'source_transformer' is \"/m/flux1-dev.safetensors\""), std::string::npos);
+}
+
 TEST(CheckpointFormat, CheckMatchesNamesTheFirstDifferingField) {
   struct Change {
     std::function<void(Job&)> apply;

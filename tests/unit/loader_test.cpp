@@ -5,10 +5,12 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/float8.h"
 #include "io/safetensors_writer.h"
 #include "models/common/init.h"
 #include "models/common/layers.h"
 #include "models/common/loader.h"
+#include "models/common/tensor_utils.h"
 #include "support/tensor_compare.h"
 
 namespace fluxmpi::nn {
@@ -127,6 +129,39 @@ TEST(Loader, TiedWeightsThroughAliases) {
   LoadRules rules;
   rules.aliases["norm.weight"] = {"shared_copy_of_norm"};
   EXPECT_EQ(load_error(w, rules), "");
+}
+
+// Float8 tensors are decoded exactly while copied into the run dtype, also when presented from
+// row runs in another order and when larger than one decoding block.
+TEST(Loader, Float8IsDecodedExactlyPieceByPiece) {
+  const int64_t rows = 4096, cols = 2048;  // 8 Mi codes: two blocks of the decoder
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < codes.size(); ++i) {
+    uint8_t c = static_cast<uint8_t>((i * 37 + i / 256) & 0xff);
+    if ((c & 0x7f) == 0x7f) c = 0x38;  // e4m3 NaN codes out (NaN never equals itself)
+    if ((c & 0x7c) == 0x7c) c = 0x3c;  // e5m2 infinities and NaNs out
+    codes[i] = c;
+  }
+  io::SafetensorsWriter w;
+  w.add("e4m3", io::DType::F8_E4M3, {rows, cols}, codes.data(), codes.size());
+  w.add("e5m2", io::DType::F8_E5M2, {rows, cols}, codes.data(), codes.size());
+  const std::string path = temp_file("f8.safetensors");
+  w.write(path);
+  auto file = std::make_shared<io::SafetensorsFile>(path);
+  // "swapped": the second half of the rows, then the first (as norm_out.linear is presented).
+  io::TensorStore store = io::TensorStore::open_presented(
+      file, "test", {{"e4m3", {{"e4m3", 0, -1}}, {}}, {"e5m2", {{"e5m2", 0, -1}}, {}},
+                     {"swapped", {{"e4m3", rows / 2, rows}, {"e4m3", 0, rows / 2}}, {}}});
+  at::Tensor want4 = at::empty({rows, cols}, at::kFloat), want5 = at::empty({rows, cols}, at::kFloat);
+  io::decode_f8_e4m3(codes.data(), codes.size(), want4.data_ptr<float>());
+  io::decode_f8_e5m2(codes.data(), codes.size(), want5.data_ptr<float>());
+  EXPECT_TRUE(test::identical("e4m3 -> fp32", read_tensor(store, "e4m3", at::kFloat, at::kCPU), want4));
+  EXPECT_TRUE(test::identical("e5m2 -> fp32", read_tensor(store, "e5m2", at::kFloat, at::kCPU), want5));
+  // Every e4m3 value is a bf16 value: converting is exact.
+  EXPECT_TRUE(test::identical("e4m3 -> bf16", read_tensor(store, "e4m3", at::kBFloat16, at::kCPU).to(at::kFloat), want4));
+  EXPECT_TRUE(test::identical("e4m3 row runs swapped", read_tensor(store, "swapped", at::kFloat, at::kCPU),
+                              at::cat({want4.narrow(0, rows / 2, rows / 2), want4.narrow(0, 0, rows / 2)})));
+  std::filesystem::remove(path);
 }
 
 }  // namespace

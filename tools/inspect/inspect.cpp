@@ -105,7 +105,6 @@ void check_options(const InspectOptions& o) {
     throw UsageError("--follow cannot be combined with --stats, --preview, --decode or --diff");
   if (!o.diff.empty() && (o.stats || picture))
     throw UsageError("--diff cannot be combined with --stats, --preview or --decode");
-  if (!o.decode.empty() && o.model.empty()) throw UsageError("--decode needs --model DIR (the model the run used)");
   if (o.decode.empty() && !o.model.empty()) throw UsageError("--model is only used by --decode");
   if (o.tol && o.diff.empty()) throw UsageError("--tol is only used by --diff");
   if (o.tol && !(*o.tol >= 0)) throw UsageError(str_cat("--tol must be >= 0, got ", *o.tol));
@@ -121,6 +120,27 @@ void check_options(const InspectOptions& o) {
 void check_image(const ckpt::CheckpointReader& r, std::optional<int64_t> image) {
   if (image && (*image < 0 || *image >= r.num_images()))
     throw UsageError(str_cat("--image ", *image, ": ", r.path(), " holds images 0..", r.num_images() - 1));
+}
+
+// The VAE --decode uses: --model (a pipeline folder, or a single file holding the VAE, described
+// by the configs the checkpoint records), else the one the checkpoint records. UsageError when
+// neither names one.
+io::ModelSources decode_sources(const InspectOptions& o, const ckpt::CheckpointReader& r) {
+  const ckpt::FileAttributes::Sources& rec = r.file().sources;
+  io::ModelSources sources;
+  std::error_code ec;
+  if (!o.model.empty() && !std::filesystem::is_regular_file(o.model, ec)) {
+    sources.model = o.model;
+    return sources;
+  }
+  if (rec.model_config.empty())
+    throw UsageError(str_cat("--decode: ", r.path(), " records no model config (an older checkpoint): give --model DIR, "
+                             "the model folder the run used"));
+  sources.vae = o.model.empty() ? rec.vae : o.model;
+  sources.transformer = rec.transformer;
+  sources.model_config = rec.model_config;
+  if (sources.vae.empty()) throw UsageError(str_cat("--decode: ", r.path(), " records no VAE: give --model DIR|FILE"));
+  return sources;
 }
 
 int write_pictures(const InspectOptions& o, const ckpt::CheckpointReader& r, std::ostream& out) {
@@ -140,8 +160,9 @@ int write_pictures(const InspectOptions& o, const ckpt::CheckpointReader& r, std
         << img.width << "x" << img.height << "\n";
   }
   if (!o.decode.empty()) {
-    io::RgbImage img = decode_latents(sel.packed, r.shape(i), o.model);
-    io::write_png(o.decode, img, text("VAE decode with " + o.model));
+    const io::ModelSources sources = decode_sources(o, r);
+    io::RgbImage img = decode_latents(sel.packed, r.shape(i), sources);
+    io::write_png(o.decode, img, text("VAE decode with " + (sources.model.empty() ? sources.vae : sources.model)));
     out << "wrote " << o.decode << ": " << ckpt::image_group(i) << ", " << sel.description << ", decoded by the VAE "
         << img.width << "x" << img.height << "\n";
   }
@@ -220,6 +241,7 @@ int run_inspect(const InspectOptions& o, std::ostream& out) {
   if (o.follow) return follow(o, out);
   ckpt::CheckpointReader r = ckpt::CheckpointReader::open(o.file);
   check_image(r, o.image);
+  if (!o.decode.empty()) decode_sources(o, r);  // before any output: a usage error is the only line
   if (!o.diff.empty()) {
     ckpt::CheckpointReader reference = ckpt::CheckpointReader::open(o.diff);
     return diff_checkpoints(r, reference, o.image, o.tol.value_or(0.0), out) ? 0 : kExitDifferent;

@@ -88,8 +88,8 @@ io::RgbImage latent_preview(const at::Tensor& packed, const ckpt::ImageShape& sh
   return img;
 }
 
-io::RgbImage decode_latents(const at::Tensor& packed, const ckpt::ImageShape& shape, const std::string& model_dir) {
-  io::ModelDir model(model_dir);
+io::RgbImage decode_latents(const at::Tensor& packed, const ckpt::ImageShape& shape, const io::ModelSources& sources) {
+  io::ModelDir model(sources);
   const io::VaeConfig& vc = model.vae_config();
   flux::LatentGeometry g = flux::latent_geometry(shape.height, shape.width, vc.scale_factor(), vc.latent_channels);
   if (g.latent_height != shape.latent_height || g.latent_width != shape.latent_width ||

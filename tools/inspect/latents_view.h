@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ckpt/checkpoint_reader.h"
+#include "io/model_dir.h"
 #include "io/png.h"
 
 namespace fluxmpi::inspect {
@@ -35,8 +36,8 @@ SelectedLatents select_latents(const ckpt::CheckpointReader& reader, int64_t ima
 // `scale` so the preview has the size of the image. Needs 16 latent channels (UsageError otherwise).
 io::RgbImage latent_preview(const at::Tensor& packed, const ckpt::ImageShape& shape, int64_t scale);
 
-// The image the VAE of `model_dir` decodes from the latents (fp32, CPU). ConfigError when the
+// The image the VAE of `model` decodes from the latents (fp32, CPU). ConfigError when the
 // model's VAE does not fit the checkpoint's latent geometry.
-io::RgbImage decode_latents(const at::Tensor& packed, const ckpt::ImageShape& shape, const std::string& model_dir);
+io::RgbImage decode_latents(const at::Tensor& packed, const ckpt::ImageShape& shape, const io::ModelSources& model);
 
 }  // namespace fluxmpi::inspect

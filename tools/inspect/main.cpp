@@ -1,5 +1,5 @@
 // fluxmpi-inspect FILE.h5 [--image I] [--step K] [--stats] [--preview out.png] [--latent x0|noisy]
-//                 [--decode out.png --model DIR] [--diff OTHER.h5 --tol T] [--follow [--timeout S]]
+//                 [--decode out.png [--model DIR|FILE]] [--diff OTHER.h5 --tol T] [--follow [--timeout S]]
 // Parses the command line and runs inspect::run_inspect; errors become one line and an exit code.
 
 #include <boost/program_options.hpp>
@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
       ("stats", "per stored step: sigma, mean, std, min, max and L2 norm of the latents")
       ("preview", po::value<std::string>(), "write a fast linear latent-to-RGB preview PNG")
       ("latent", po::value<std::string>(), "what --preview/--decode show: x0 (predicted clean latent, default) or noisy")
-      ("decode", po::value<std::string>(), "decode the latents with the model's VAE to a PNG (needs --model)")
-      ("model", po::value<std::string>(), "model directory for --decode")
+      ("decode", po::value<std::string>(), "decode the latents with the model's VAE to a PNG")
+      ("model", po::value<std::string>(), "model folder, or a file holding the VAE, for --decode (default: the VAE the checkpoint records)")
       ("diff", po::value<std::string>(), "compare every dataset with the reference checkpoint OTHER.h5")
       ("tol", po::value<double>(), "--diff tolerance on max|diff| / max(1, max|reference|) (default 0: identical)")
       ("follow", "print progress lines of a running job until every image is decoded")

@@ -36,9 +36,12 @@ void match_parameters(const torch::nn::Module& module, const io::TensorStore& st
       throw WeightError(str_cat(store.label(), ": tensor '", key, "' not found (expected shape ",
                                 shape_string(param.sizes()), ")"));
     const std::vector<int64_t>& shape = store.get(found).entry->shape;  // header only: no data is read
-    if (!std::equal(shape.begin(), shape.end(), param.sizes().begin(), param.sizes().end()))
-      throw WeightError(str_cat(store.label(), ": tensor '", found, "' in '", store.file_of(found), "' has shape ",
-                                shape_string(shape), ", expected ", shape_string(param.sizes())));
+    if (!std::equal(shape.begin(), shape.end(), param.sizes().begin(), param.sizes().end())) {
+      const std::string stored = store.stored_as(found);
+      throw WeightError(str_cat(store.label(), ": tensor '", found, "'", stored.empty() ? "" : " (stored as " + stored + ")",
+                                " in '", store.file_of(found), "' has shape ", shape_string(shape), ", expected ",
+                                shape_string(param.sizes())));
+    }
     claimed.insert(found);
     // A tied copy stored under another name is the same weight: it is accounted for.
     if (auto alias = rules.aliases.find(key); alias != rules.aliases.end()) {
@@ -76,13 +79,13 @@ LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, c
     if (rules.adjust.wants(name)) {
       // An fp32 run on the CPU merges in place; otherwise in an fp32 copy, then rounded once.
       at::Tensor merged = dtype == at::kFloat && device.is_cpu() ? value : at::empty(param.sizes(), at::kFloat);
-      merged.copy_(borrow(view));
+      copy_view(view, merged);  // row runs of fused or renamed tensors, float8 decoded
       rules.adjust.apply(name, merged);
       if (!merged.is_same(value)) value.copy_(merged);
     } else {
-      value.copy_(borrow(view));
+      copy_view(view, value);
     }
-    view.file->release(*view.entry);
+    view.release();
     param.set_data(value);
     stats.tensors += 1;
     stats.bytes += value.numel() * static_cast<int64_t>(value.element_size());

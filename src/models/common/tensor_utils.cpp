@@ -1,8 +1,10 @@
 #include "models/common/tensor_utils.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "io/float8.h"
 
 namespace fluxmpi::nn {
 
@@ -47,7 +49,7 @@ at::ScalarType scalar_type_of(io::DType d, const std::string& key, const std::st
     case io::DType::Bool: return at::kBool;
     default:
       throw WeightError(str_cat("'", file, "': tensor '", key, "' has dtype ", io::dtype_name(d),
-                                ", which fluxmpi cannot load (supported: F32, F16, BF16, F64 and integer types)"));
+                                ", which fluxmpi cannot load (supported: F32, F16, BF16, F8_E4M3, F8_E5M2, F64 and integer types)"));
   }
 }
 }  // namespace
@@ -68,12 +70,66 @@ at::Tensor borrow(const io::TensorView& view) {
   return out;
 }
 
+namespace {
+
+// The mapped bytes of one piece as a tensor of its shape, in its stored dtype.
+at::Tensor borrow_bytes(const uint8_t* ptr, uint64_t bytes, const std::vector<int64_t>& shape, io::DType dtype,
+                        const std::string& key, const std::string& file) {
+  at::ScalarType st = scalar_type_of(dtype, key, file);
+  if (bytes == 0) return at::empty(shape, at::TensorOptions().dtype(st));
+  if (reinterpret_cast<uintptr_t>(ptr) % io::dtype_size(dtype) == 0)
+    return at::from_blob(const_cast<uint8_t*>(ptr), shape, at::TensorOptions().dtype(st));
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(st));
+  std::memcpy(out.data_ptr(), ptr, bytes);
+  return out;
+}
+
+// Float8 rows decoded a block at a time into float32, so a large matrix never needs a float32
+// copy of itself.
+constexpr int64_t kDecodeElements = int64_t{1} << 22;
+
+void copy_f8_rows(const uint8_t* codes, int64_t rows, int64_t cols, io::DType dtype, at::Tensor dst_rows) {
+  const int64_t step = std::max<int64_t>(1, kDecodeElements / std::max<int64_t>(cols, 1));
+  at::Tensor buffer = at::empty({std::min(step, rows), cols}, at::kFloat);
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t n = std::min(step, rows - r);
+    at::Tensor block = buffer.narrow(0, 0, n);
+    const uint8_t* src = codes + r * cols;
+    float* out = block.data_ptr<float>();
+    if (dtype == io::DType::F8_E4M3) io::decode_f8_e4m3(src, static_cast<size_t>(n * cols), out);
+    else io::decode_f8_e5m2(src, static_cast<size_t>(n * cols), out);
+    dst_rows.narrow(0, r, n).copy_(block);
+  }
+}
+
+}  // namespace
+
+void copy_view(const io::TensorView& view, at::Tensor& dst) {
+  FLUX_CHECK(dst.is_contiguous(), "copy_view needs a contiguous destination");
+  if (dst.numel() == 0) return;
+  int64_t rows = 0;
+  for (const auto& p : view.pieces) rows += p.row_end - p.row_begin;
+  at::Tensor flat = dst.view({rows, -1});
+  int64_t at = 0;
+  for (const auto& p : view.pieces) {
+    const int64_t n = p.row_end - p.row_begin;
+    at::Tensor target = flat.narrow(0, at, n);
+    const io::DType d = p.entry->dtype;
+    if (d == io::DType::F8_E4M3 || d == io::DType::F8_E5M2) {
+      copy_f8_rows(p.data(), n, flat.size(1), d, target);
+    } else {
+      at::Tensor src = borrow_bytes(p.data(), p.num_bytes(), p.shape(), d, p.entry->name, p.file->path());
+      target.copy_(src.reshape({n, -1}));
+    }
+    at += n;
+  }
+}
+
 at::Tensor read_tensor(const io::TensorStore& store, const std::string& key, at::ScalarType dtype, at::Device device) {
   io::TensorView view = store.get(key);
-  at::Tensor src = borrow(view);
-  at::Tensor out = at::empty(src.sizes(), at::TensorOptions().dtype(dtype).device(device));
-  out.copy_(src);
-  view.file->release(*view.entry);
+  at::Tensor out = at::empty(view.entry->shape, at::TensorOptions().dtype(dtype).device(device));
+  copy_view(view, out);
+  view.release();
   return out;
 }
 

@@ -20,8 +20,13 @@ const char* dtype_label(at::ScalarType dtype);
 bool dtype_supported(at::ScalarType dtype, at::Device device);
 
 /// A torch tensor over the mapped bytes of `view` (no copy when the data is aligned for its
-/// dtype; an aligned copy otherwise). Valid while the store keeps the shard mapped.
+/// dtype; an aligned copy otherwise). Valid while the store keeps the shard mapped. Only for a
+/// tensor stored as is in a dtype libtorch has (copy_view handles every tensor).
 at::Tensor borrow(const io::TensorView& view);
+/// Copies the tensor `view` presents into `dst` (contiguous, of the presented shape, any dtype
+/// and device): piece by piece along dim 0, float8 codes decoded exactly on the way. Nothing of
+/// the size of the tensor is allocated besides `dst`.
+void copy_view(const io::TensorView& view, at::Tensor& dst);
 /// The tensor converted to `dtype` on `device`: one copy, made directly from the mapping.
 at::Tensor read_tensor(const io::TensorStore& store, const std::string& key, at::ScalarType dtype, at::Device device);
 
