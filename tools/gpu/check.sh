@@ -18,7 +18,8 @@
 #
 #   tools/gpu/check.sh OUTDIR [options]
 #     --cpu-dry         everything a CPU machine can run: Debian's CPU libtorch, --device cpu,
-#                       a few unit tests and fluxmpi only; no parity, no FLUX.1-dev forward
+#                       a few unit tests, the parity tests on the CPU, the tiny model in the
+#                       job; no FLUX.1-dev forward
 #     --hide-system     (with --cpu-dry, as root) run inside a private mount namespace in which
 #                       this machine's own copies of the shipped packages are hidden, so that
 #                       only the prefix can satisfy the build and the MPI job
@@ -32,7 +33,7 @@ set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
-usage() { sed -n 2,34p "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n 2,31p "$0" | sed 's/^# \{0,1\}//'; }
 
 out=""; cpu_dry=0; hide=0; steps="unpack,configure,build,unit,parity,bench,mpi"
 prefix=/tmp/fluxmpi-gpu-prefix; build=""; jobs=$(nproc); deadline=470; torch_prefix=""
@@ -102,10 +103,12 @@ write_report() {
 }
 want() { [[ ",$steps," == *",$1,"* ]]; }
 left() { echo $(( deadline - ($(date +%s) - t_start) )); }
-# run_logged NAME CMD...: runs CMD with the time left (at most), its output into the log.
+# [cap=S] run_logged NAME CMD...: runs CMD for at most the time left (and at most S seconds),
+# its output into the log (and into $log.part, for the caller to read).
 run_logged() {
   local name=$1; shift
   local budget; budget=$(left)
+  [ -n "${cap:-}" ] && [ "$cap" -lt "$budget" ] && budget=$cap
   [ "$budget" -gt 5 ] || { echo "== $name: no time left" >>"$log"; return 124; }
   echo "== $name: $*" >>"$log"
   timeout --kill-after=10 "$budget" "$@" >"$log.part" 2>&1
@@ -198,14 +201,31 @@ fi
 [ -e "$prefix/env.sh" ] && prefix_env
 
 # ---------------------------------------------------------------------------------------------
+# The device's libtorch.
+if [ -z "$torch_prefix" ]; then
+  if [ $cpu_dry = 1 ]; then torch_prefix=/usr/lib/$arch/cmake
+  else torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$log"); fi
+fi
+# Torch_DIR rather than a CMAKE_PREFIX_PATH entry: Debian's (/usr) would put the machine's own
+# libraries beside the prefix's.
+torch_hint=(-DCMAKE_PREFIX_PATH="$P;$torch_prefix")
+[ -e "$torch_prefix/Torch/TorchConfig.cmake" ] && torch_hint=(-DCMAKE_PREFIX_PATH="$P" -DTorch_DIR="$torch_prefix/Torch")
+if [ $cpu_dry = 0 ]; then
+  # The CUDA libraries of PyTorch's wheel live in site-packages/nvidia/*/lib, found at run time
+  # through libtorch_cuda's RUNPATH; the linker and the test processes find them here too.
+  site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>>"$log")
+  for d in "$site"/nvidia/*/lib "$site"/nvidia/cu*/lib "$site"/torch/lib; do
+    [ -d "$d" ] && case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d ;; esac
+  done
+  export LD_LIBRARY_PATH
+  detail "**libtorch:** $(python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), "GPUs", torch.cuda.device_count())' 2>&1 | tail -n 1); CMake prefix ${torch_prefix}"
+fi
+
+# ---------------------------------------------------------------------------------------------
 # 2. configure
 configured=0
 if want configure; then
   t0=$(date +%s); status=PASS; note=""
-  if [ -z "$torch_prefix" ]; then
-    if [ $cpu_dry = 1 ]; then torch_prefix=/usr/lib/$arch/cmake/Torch/../../../..
-    else torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$log"); fi
-  fi
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   [ -e "$build/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}\$" "$build/CMakeCache.txt" && rm -rf "$build"
   cuda=()
@@ -216,9 +236,9 @@ if want configure; then
   fi
   launcher=()
   command -v ccache >/dev/null && [ -n "${CCACHE_DIR:-}" ] && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  if run_logged configure cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLUXMPI_BUILD_TESTS=ON \
+  if cap=180 run_logged configure cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFLUXMPI_BUILD_TESTS=ON \
        "${launcher[@]}" \
-       -DCMAKE_PREFIX_PATH="$P;$torch_prefix" -DCMAKE_LIBRARY_PATH="$L" -DCMAKE_INCLUDE_PATH="$P/include" \
+       "${torch_hint[@]}" -DCMAKE_LIBRARY_PATH="$L" -DCMAKE_INCLUDE_PATH="$P/include" \
        -DMPI_C_COMPILER="$P/bin/mpicc" -DMPIEXEC_EXECUTABLE="$P/bin/mpirun" \
        -DHDF5_ROOT="$L/hdf5/serial" -DHDF5_C_COMPILER_EXECUTABLE="" -DICU_ROOT="$P" -DBoost_NO_SYSTEM_PATHS=ON -DBOOST_ROOT="$P" \
        -DPKG_CONFIG_EXECUTABLE="$(command -v pkg-config || command -v pkgconf || echo pkg-config)" "${cuda[@]}"; then
@@ -242,10 +262,9 @@ elif [ -e "$build/CMakeCache.txt" ]; then configured=1; fi
 # ---------------------------------------------------------------------------------------------
 # 3. build: fluxmpi, the tools the check runs and the test executables it runs.
 unit_tests=(unit_partition_test unit_message_header_test unit_parallel_device_test)
-parity_tests=()
+parity_tests=(parity_transformer_parity_test parity_vae_parity_test parity_t5_parity_test)
 if [ $cpu_dry = 0 ]; then
   unit_tests+=(unit_flux_transformer_test unit_t5_encoder_test unit_vae_decoder_test unit_loader_test unit_pipeline_denoise_test)
-  parity_tests=(parity_transformer_parity_test parity_vae_parity_test parity_t5_parity_test)
 fi
 targets=(fluxmpi make-tiny-model "${unit_tests[@]}" "${parity_tests[@]}")
 [ $cpu_dry = 0 ] && targets+=(fluxmpi-bench-matmul)
@@ -255,8 +274,9 @@ if want build; then
   if [ $configured = 0 ]; then row build SKIP 0 "not configured"
   elif run_logged build cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
     built=1
-    # The executables must load the prefix's libraries, not copies elsewhere on the machine.
-    libs=$(ldd "$build/fluxmpi" | grep -E 'libmpi|libopen-|libhdf5|libboost_program|libpng16|libicu|libpmix|libhwloc|libevent')
+    # Every library that the prefix has must be loaded from it, not from elsewhere on the machine
+    # (Debian's CPU libtorch also needs libraries the prefix does not ship, e.g. libhdf5_serial_hl).
+    libs=$(ldd "$build/fluxmpi" | awk -v L="$L" '$2 == "=>" { cmd = "test -e " L "/" $1; if (system(cmd) == 0) print }')
     strays=$(echo "$libs" | grep -v "=> $prefix/")
     detail "**fluxmpi loads:**
 $(fence "$libs")"
@@ -275,17 +295,22 @@ fixtures=$here/fixtures
 test_device=cpu; [ $cpu_dry = 0 ] && test_device=cuda
 run_gtests() {  # run_gtests STEP EXE...
   local step=$1; shift
+  # Parity: the staged fixture subset, and CI=true so that a missing fixture fails. Unit tests: the
+  # default fixture tree, which is absent on the GPU machine (the tests that need it skip).
+  local fixture_env=(-u CI)
+  [ "$step" = parity ] && fixture_env=(FLUXMPI_FIXTURES="$fixtures" CI=true)
   local t0 status=PASS summary="" e exe
   t0=$(date +%s)
   for e in "$@"; do
     exe=$build/tests/$e
     if [ ! -x "$exe" ]; then status=FAIL; summary+="$e: not built; "; continue; fi
-    if run_logged "$e" env FLUXMPI_TEST_DEVICE=$test_device FLUXMPI_FIXTURES="$fixtures" FLUXMPI_PRINT_ERRORS=1 CI=true \
+    if cap=150 run_logged "$e" env "${fixture_env[@]}" FLUXMPI_TEST_DEVICE=$test_device FLUXMPI_PRINT_ERRORS=1 \
          "$exe" --gtest_brief=1; then
-      summary+="$e: $(last_output | grep -E -o '\[  PASSED  \] [0-9]+ test' | grep -o '[0-9]*') passed; "
+      summary+="$e: $(last_output | grep -E -o '\[  PASSED  \] [0-9]+ test' | grep -o '[0-9]*') passed$(last_output | grep -E -o '\[  SKIPPED \] [0-9]+ test' | grep -o '[0-9]*' | sed 's/^/, /;s/$/ skipped/'); "
     else
+      rc=$?
       status=FAIL
-      summary+="$e: FAILED ($(last_output | grep -c '^\[  FAILED  \]') failures); "
+      summary+="$e: FAILED (exit $rc, $(last_output | grep -c '^\[  FAILED  \]') failed tests); "
       detail "**$e failed:**
 $(fence "$(last_output | grep -E -B2 -A8 'Failure|FAILED|error' | head -n 60)")"
     fi
@@ -299,8 +324,7 @@ if want unit; then
   if [ $built = 0 ]; then row unit SKIP 0 "not built"; else run_gtests unit "${unit_tests[@]}"; fi
 fi
 if want parity; then
-  if [ $cpu_dry = 1 ]; then row parity SKIP 0 "--cpu-dry: the parity tests run in the normal CPU build"
-  elif [ $built = 0 ]; then row parity SKIP 0 "not built"
+  if [ $built = 0 ]; then row parity SKIP 0 "not built"
   elif [ ! -e "$fixtures/manifest.json" ]; then row parity FAIL 0 "no tools/gpu/fixtures: run tools/gpu/stage-fixtures.sh and carry tools/gpu/fixtures"
   else run_gtests parity "${parity_tests[@]}"; fi
 fi
@@ -311,7 +335,7 @@ if want bench; then
   t0=$(date +%s)
   if [ $cpu_dry = 1 ]; then row bench SKIP 0 "--cpu-dry: 12 B parameters are for the GPU"
   elif [ $built = 0 ]; then row bench SKIP 0 "not built"
-  elif run_logged bench "$build/tools/bench/fluxmpi-bench-matmul" --config "$here/flux1-dev-transformer-config.json" \
+  elif cap=200 run_logged bench "$build/tools/bench/fluxmpi-bench-matmul" --config "$here/flux1-dev-transformer-config.json" \
          --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3; then
     row bench PASS $(( $(date +%s) - t0 )) "$(last_output | grep -m1 'transformer forward' | tr -s ' ')"
     detail "**FLUX.1-dev forward** (fluxmpi-bench-matmul --config tools/gpu/flux1-dev-transformer-config.json --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3):
@@ -331,12 +355,12 @@ if want mpi; then
     device=cuda; extra=(); preset=bench
     # --cpu-dry: the tiny model (the bench model takes minutes on a CPU), one thread per rank.
     [ $cpu_dry = 1 ] && { device=cpu; extra=(--threads 1); preset=tiny; }
-    if ! run_logged make-tiny-model "$build/tools/make_tiny_model/make-tiny-model" --out "$work/model" --preset $preset; then
+    if ! cap=90 run_logged make-tiny-model "$build/tools/make_tiny_model/make-tiny-model" --out "$work/model" --preset $preset; then
       row mpi FAIL $(( $(date +%s) - t0 )) "make-tiny-model --preset $preset failed"
     else
-      run_logged ompi_info ompi_info --path all
+      cap=20 run_logged ompi_info ompi_info --path all
       paths=$(last_output | grep -E ' (Prefix|Libdir|Pkglibdir|Sysconfdir|Pkgdatadir):')
-      if run_logged mpirun mpirun -np 2 --bind-to none --oversubscribe "$build/fluxmpi" --model "$work/model" \
+      if cap=240 run_logged mpirun mpirun -np 2 --bind-to none --oversubscribe "$build/fluxmpi" --model "$work/model" \
            --prompt "a mountain village at dawn" --height 256 --width 256 --steps 4 --max-sequence-length 128 --seed 1 \
            --device $device "${extra[@]}" --checkpoint "$work/job.h5" -o "$work/job.png" --log-level debug; then
         summary=$(last_output | grep -E 'encode .* s \(peak|denoise' | tail -n 2)

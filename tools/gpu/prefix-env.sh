@@ -25,12 +25,13 @@ gpu_prefix_env() {
 }
 
 # `gpu_unpack_fixups PREFIX`: the links Debian's alternatives system would make (mpirun, mpicc,
-# the multiarch mpi include folder).
+# the multiarch mpi include folder, libmpi.so beside the other libraries).
 gpu_unpack_fixups() {
   local P=$1/usr
   for n in mpirun mpiexec; do ln -sf orterun "$P/bin/$n"; done
   for n in mpicc mpicxx mpic++; do ln -sf opal_wrapper "$P/bin/$n"; done
   mkdir -p "$P/include/x86_64-linux-gnu" && ln -sfn ../../lib/x86_64-linux-gnu/openmpi/include "$P/include/x86_64-linux-gnu/mpi"
+  ln -sf openmpi/lib/libmpi.so "$P/lib/x86_64-linux-gnu/libmpi.so"
 }
 
 # `gpu_hide_system PACKAGE...` (root, inside `unshare -m`): covers this machine's own files of
