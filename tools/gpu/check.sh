@@ -197,6 +197,7 @@ if want unpack; then
     fi
   fi
   row unpack $status $(( $(date +%s) - t0 )) "$note"
+  [ $status = PASS ] || { rm -f "$prefix/env.sh"; unpack_failed=1; }
 fi
 [ -e "$prefix/env.sh" ] && prefix_env
 
@@ -224,7 +225,8 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 2. configure
 configured=0
-if want configure; then
+if [ "${unpack_failed:-0}" = 1 ]; then row configure SKIP 0 "the unpack failed"
+elif want configure; then
   t0=$(date +%s); status=PASS; note=""
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   [ -e "$build/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}\$" "$build/CMakeCache.txt" && rm -rf "$build"
@@ -252,7 +254,7 @@ $(fence "$found")"
     if [ -n "$foreign" ]; then status=FAIL; note="found outside the prefix: $(echo "$foreign" | tr '\n' ' ')"; configured=0
     else note="every dependency from the prefix; torch from ${torch_prefix}"; fi
   else
-    status=FAIL; note="cmake failed (exit $?): $(last_output | grep -m3 -E 'Error|error|not found' | tr '\n' ' ')"
+    rc=$?; status=FAIL; note="cmake failed (exit $rc): $(last_output | grep -m3 -E 'Error|error|not found' | tr '\n' ' ')"
     detail "**Configure failed**, last lines:
 $(fence "$(last_output | tail -n 30)")"
   fi
