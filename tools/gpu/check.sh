@@ -295,7 +295,7 @@ $(fence "$libs")"
     if [ -n "$strays" ]; then row build FAIL $(( $(date +%s) - t0 )) "fluxmpi loads libraries outside the prefix: $(echo "$strays" | awk '{print $3}' | tr '\n' ' ')"
     else row build PASS $(( $(date +%s) - t0 )) "${#targets[@]} targets with $jobs jobs; fluxmpi loads MPI, HDF5, Boost, PNG, ICU from the prefix"; fi
   else
-    row build FAIL $(( $(date +%s) - t0 )) "exit $? (first error below)"
+    rc=$?; row build FAIL $(( $(date +%s) - t0 )) "exit $rc (first errors below)"
     detail "**Build failed**, first errors:
 $(fence "$(last_output | grep -m 20 -E -A3 'error|Error' | head -n 40)")"
   fi
@@ -353,7 +353,7 @@ if want bench; then
     detail "**FLUX.1-dev forward** (fluxmpi-bench-matmul --config tools/gpu/flux1-dev-transformer-config.json --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3):
 $(fence "$(last_output | tail -n 12)")"
   else
-    row bench FAIL $(( $(date +%s) - t0 )) "exit $?: $(last_output | tail -n 2 | tr '\n' ' ')"
+    rc=$?; row bench FAIL $(( $(date +%s) - t0 )) "exit $rc: $(last_output | tail -n 2 | tr '\n' ' ')"
   fi
 fi
 
@@ -387,7 +387,7 @@ $(fence "$paths
 $(command -v mpirun) -> $(readlink -f "$(command -v mpirun)")
 $(last_output | grep -E 'fluxmpi\[rank|summary|denoise|device|dtype' | head -n 30)")"
       else
-        row mpi FAIL $(( $(date +%s) - t0 )) "mpirun exited $?"
+        rc=$?; row mpi FAIL $(( $(date +%s) - t0 )) "mpirun exited $rc: $(last_output | grep -m1 -E 'fluxmpi.*(error|Error)|--device' | cut -c1-200)"
         detail "**mpirun job failed:**
 $(fence "$paths
 $(last_output | tail -n 30)")"
