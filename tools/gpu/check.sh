@@ -348,7 +348,7 @@ if want bench; then
   if [ $cpu_dry = 1 ]; then row bench SKIP 0 "--cpu-dry: 12 B parameters are for the GPU"
   elif [ $built = 0 ]; then row bench SKIP 0 "not built"
   elif cap=200 run_logged bench "$build/tools/bench/fluxmpi-bench-matmul" --config "$here/flux1-dev-transformer-config.json" \
-         --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3; then
+         --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3 --threads "$jobs"; then
     row bench PASS $(( $(date +%s) - t0 )) "$(last_output | grep -m1 'transformer forward' | tr -s ' ')"
     detail "**FLUX.1-dev forward** (fluxmpi-bench-matmul --config tools/gpu/flux1-dev-transformer-config.json --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3):
 $(fence "$(last_output | tail -n 12)")"
