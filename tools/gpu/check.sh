@@ -23,6 +23,8 @@
 #     --hide-system     (with --cpu-dry, as root) run inside a private mount namespace in which
 #                       this machine's own copies of the shipped packages are hidden, so that
 #                       only the prefix can satisfy the build and the MPI job
+#     --unpack-all      also unpack the packages marked missing:/missing-lib: where the machine
+#                       has those files (to test them on a machine that needs none)
 #     --steps LIST      comma list of unpack,configure,build,unit,parity,bench,mpi (default: all)
 #     --prefix DIR      the private prefix (default /tmp/fluxmpi-gpu-prefix; emptied first)
 #     --build DIR       the build directory (default build-gpu; build-gpuprefix with --cpu-dry)
@@ -33,15 +35,16 @@ set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
-usage() { sed -n 2,31p "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n 2,33p "$0" | sed 's/^# \{0,1\}//'; }
 
-out=""; cpu_dry=0; hide=0; steps="unpack,configure,build,unit,parity,bench,mpi"
+out=""; cpu_dry=0; hide=0; unpack_all=0; steps="unpack,configure,build,unit,parity,bench,mpi"
 prefix=/tmp/fluxmpi-gpu-prefix; build=""; jobs=$(nproc); deadline=470; torch_prefix=""
 args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-dry) cpu_dry=1; shift ;;
     --hide-system) hide=1; shift ;;
+    --unpack-all) unpack_all=1; shift ;;
     --steps) steps=${2:?--steps needs a list}; shift 2 ;;
     --prefix) prefix=${2:?--prefix needs a folder}; shift 2 ;;
     --build) build=${2:?--build needs a folder}; shift 2 ;;
@@ -161,8 +164,8 @@ if want unpack; then
     while read -r pkg when _; do
       case "$when" in
         always) ;;
-        missing:*) [ -e "${when#missing:}" ] && { skipped+=("$pkg"); continue; } ;;
-        missing-lib:*) grep -qE "^[[:space:]]+${when#missing-lib:} " "$out/.ldcache" && { skipped+=("$pkg"); continue; } ;;
+        missing:*) [ $unpack_all = 0 ] && [ -e "${when#missing:}" ] && { skipped+=("$pkg"); continue; } ;;
+        missing-lib:*) [ $unpack_all = 0 ] && grep -qE "^[[:space:]]+${when#missing-lib:} " "$out/.ldcache" && { skipped+=("$pkg"); continue; } ;;
         *) status=FAIL; note="packages.txt: bad 'when' of $pkg: $when"; break ;;
       esac
       deb=$(ls "$here"/debs/"${pkg}"_*.deb 2>/dev/null | head -n 1)
@@ -170,14 +173,15 @@ if want unpack; then
       dpkg -x "$deb" "$prefix" >>"$log" 2>&1 || { status=FAIL; note="dpkg -x $deb failed"; break; }
       unpacked+=("$pkg")
     done < <(grep -v '^[[:space:]]*#' "$here/packages.txt" | awk 'NF')
-    rm -f "$out/.ldcache"
     if [ $status = PASS ]; then
       gpu_unpack_fixups "$prefix"
-      # zlib1g-dev's libz.so names libz.so.1 of zlib1g; where only the -dev package was needed
-      # the link would dangle, so it points at the image's libz.so.1.
-      if [ -L "$L/libz.so" ] && [ ! -e "$L/libz.so" ]; then
-        ln -sf "$(ldconfig -p | awk '/libz.so.1 .*x86-64/ {print $NF; exit}')" "$L/libz.so"
+      # zlib1g-dev's libz.so is an absolute link to Debian's /lib/x86_64-linux-gnu/libz.so.1.2.13:
+      # it must name the prefix's libz.so.1 where zlib1g was unpacked too, else the image's.
+      if [ -L "$L/libz.so" ]; then
+        if [ -e "$prefix/lib/$arch/libz.so.1" ]; then ln -sf "../../../lib/$arch/libz.so.1" "$L/libz.so"
+        else ln -sf "$(awk '/libz.so.1 .*x86-64/ {print $NF; exit}' "$out/.ldcache")" "$L/libz.so"; fi
       fi
+      rm -f "$out/.ldcache"
       prefix_env
       env | grep -E '^(OPAL_|PMIX_|OMPI_|PATH=|LD_LIBRARY_PATH=|PKG_CONFIG)' | sed 's/^/export /;s/=\(.*\)/="\1"/' >"$prefix/env.sh"
       # Every library of the prefix that fluxmpi or mpirun loads must resolve.
@@ -396,7 +400,7 @@ $(last_output | tail -n 30)")"
   fi
 fi
 
-rm -f "$log.part"
+rm -f "$log.part" "$out/.ldcache"
 write_report
 echo "check.sh: $failures failed step(s); report: $report"
 [ $failures -eq 0 ]

@@ -15,7 +15,8 @@ gpu_prefix_env() {
   export PMIX_PREFIX=$L/pmix2 PMIX_EXEC_PREFIX=$L/pmix2 PMIX_LIBDIR=$L/pmix2/lib PMIX_PKGLIBDIR=$L/pmix2/lib/pmix
   export PMIX_DATADIR=$L/pmix2/share PMIX_PKGDATADIR=$L/pmix2/share/pmix
   export PATH=$P/bin:$PATH
-  export LD_LIBRARY_PATH=$L:$L/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # ($prefix/lib: where zlib1g and libkeyutils1, when unpacked, put their libraries)
+  export LD_LIBRARY_PATH=$L:$L/openmpi/lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PKG_CONFIG_LIBDIR=$L/pkgconfig:$P/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
   # ob1 over shared memory (no single-copy: containers often refuse process_vm_readv) and TCP;
   # the components that need libfabric, UCX, verbs or PSM are not shipped and not loaded.
