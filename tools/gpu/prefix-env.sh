@@ -22,6 +22,9 @@ gpu_prefix_env() {
   # the components that need libfabric, UCX, verbs or PSM are not shipped and not loaded.
   export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_mtl='^ofi,psm,psm2' OMPI_MCA_osc='^ucx,pt2pt'
   export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0
+  # One node: the ranks are started locally, with no ssh/rsh agent (the GPU image may have none,
+  # and orterun's rsh launcher refuses to start without one).
+  export OMPI_MCA_plm=isolated
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 }
 

@@ -3,8 +3,9 @@
 # Open MPI packages of packages.txt with dpkg -x into a temporary prefix, hides this machine's own
 # Open MPI in a private mount namespace, builds an MPI program with the prefix's mpicc and runs it
 # on 2 ranks with the prefix's mpirun (OPAL_PREFIX and the other OPAL_* variables of
-# prefix-env.sh). Every rank must find itself in a 2-rank world and have loaded libmpi from the
-# prefix; ompi_info must report the prefix's folders; the hidden system mpirun must not run.
+# prefix-env.sh), with no ssh or rsh on the machine. Every rank must find itself in a 2-rank
+# world and have loaded libmpi from the prefix; ompi_info must report the prefix's folders; the
+# hidden system mpirun must not run.
 #
 #   tools/gpu/test-relocation.sh        (root; exit 77 = skipped: not root, or no .deb files and
 #                                        no Debian mirror to download them from)
@@ -41,6 +42,8 @@ fi
 work=$2; shift 2
 prefix=$work/prefix
 echo "hidden from this machine's own Open MPI: $(gpu_hide_system "$@")" || fail "could not hide the system's Open MPI"
+# No ssh or rsh either, as on an image without them (orterun's rsh launcher needs one).
+for f in /usr/bin/ssh /usr/bin/rsh; do [ -f "$(readlink -f "$f")" ] && mount --bind /tmp/fluxmpi-hidden-empty "$(readlink -f "$f")"; done
 # The control: the machine's own mpirun is gone.
 if env -i PATH=/usr/bin:/bin mpirun --version >/dev/null 2>&1; then fail "the system mpirun still runs: the hiding did not work"; fi
 gpu_prefix_env "$prefix"
