@@ -143,8 +143,11 @@ if [ $hide = 1 ]; then
   t0=$(date +%s)
   mapfile -t hide_pkgs < <(grep -v '^[[:space:]]*#' "$here/packages.txt" | awk 'NF && $2 == "always" {print $1}')
   hide_pkgs+=(hdf5-helpers)
+  # ssh and rsh too: the GPU image may have neither (Open MPI then needs its isolated launcher).
+  : >/tmp/fluxmpi-hidden-empty
+  for f in /usr/bin/ssh /usr/bin/rsh; do [ -f "$(readlink -f "$f")" ] && mount --bind /tmp/fluxmpi-hidden-empty "$(readlink -f "$f")" 2>>"$log"; done
   if counts=$(gpu_hide_system "${hide_pkgs[@]}" 2>>"$log"); then
-    row hide-system PASS $(( $(date +%s) - t0 )) "this machine's own files of ${#hide_pkgs[@]} packages covered by empty ones: $counts"
+    row hide-system PASS $(( $(date +%s) - t0 )) "this machine's own files of ${#hide_pkgs[@]} packages covered by empty ones: $counts; ssh and rsh hidden"
   else
     row hide-system FAIL $(( $(date +%s) - t0 )) "mount --bind failed (see the log)"
   fi
