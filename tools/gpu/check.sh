@@ -5,13 +5,14 @@
 #      tools/gpu/debs/) into a private prefix with dpkg -x and relocates Open MPI there,
 #   2. configures fluxmpi against the device's libtorch and that prefix, and checks that every
 #      library CMake found is the prefix's,
-#   3. builds the targets the check needs with all cores,
-#   4. runs the unit tests, and the parity tests on the device (FLUXMPI_TEST_DEVICE=cuda: fp32 at
-#      the CPU tolerances, the bf16 runs at the bf16 tolerances) against tools/gpu/fixtures/,
-#   5. times one transformer forward of the full FLUX.1-dev shape (19 + 38 blocks, random bf16
+#   3. builds fluxmpi and the tools the check runs with all cores,
+#   4. times one transformer forward of the full FLUX.1-dev shape (19 + 38 blocks, random bf16
 #      weights, 1024x1024, 512 text tokens) with fluxmpi-bench-matmul --config,
-#   6. runs a 4-step `mpirun -np 2 fluxmpi --device cuda` job on the bench model (both ranks
+#   5. runs a 4-step `mpirun -np 2 fluxmpi --device cuda` job on the bench model (both ranks
 #      share the one GPU),
+#   6. builds the test executables,
+#   7. runs the unit tests, and the parity tests on the device (FLUXMPI_TEST_DEVICE=cuda: fp32 at
+#      the CPU tolerances, the bf16 runs at the bf16 tolerances) against tools/gpu/fixtures/,
 # and writes OUTDIR/gpu-check-report.md (what ran, PASS/FAIL/SKIP per step, the numbers) and
 # OUTDIR/gpu-check.log (every command's whole output). Each step runs under the time left of a
 # total deadline, so the report is written even when a step hangs.
@@ -25,7 +26,8 @@
 #                       only the prefix can satisfy the build and the MPI job
 #     --unpack-all      also unpack the packages marked missing:/missing-lib: where the machine
 #                       has those files (to test them on a machine that needs none)
-#     --steps LIST      comma list of unpack,configure,build,unit,parity,bench,mpi (default: all)
+#     --steps LIST      comma list of unpack,configure,build,bench,mpi,unit,parity (default: all;
+#                       build covers the tests' executables too)
 #     --prefix DIR      the private prefix (default /tmp/fluxmpi-gpu-prefix; emptied first)
 #     --build DIR       the build directory (default build-gpu; build-gpuprefix with --cpu-dry)
 #     --jobs N          build jobs (default: all cores)
@@ -269,27 +271,19 @@ $(fence "$(last_output | tail -n 30)")"
 elif [ -e "$build/CMakeCache.txt" ]; then configured=1; fi
 
 # ---------------------------------------------------------------------------------------------
-# 3. build: fluxmpi, the tools the check runs and the test executables it runs.
+# 3. build: fluxmpi and the tools the check runs first (the job and the forward come before the
+# tests, so that a slow build of the tests cannot crowd them out), then the test executables (6).
 unit_tests=(unit_partition_test unit_message_header_test unit_parallel_device_test)
 parity_tests=(parity_transformer_parity_test parity_vae_parity_test parity_t5_parity_test)
 if [ $cpu_dry = 0 ]; then
   unit_tests+=(unit_flux_transformer_test unit_t5_encoder_test unit_vae_decoder_test unit_loader_test unit_pipeline_denoise_test)
 fi
-targets=(fluxmpi make-tiny-model "${unit_tests[@]}" "${parity_tests[@]}")
+targets=(fluxmpi make-tiny-model)
 [ $cpu_dry = 0 ] && targets+=(fluxmpi-bench-matmul)
+test_targets=("${unit_tests[@]}" "${parity_tests[@]}")
 built=0
 if want build; then
   t0=$(date +%s)
-  # A test renamed or removed since this list was written is named, not fatal.
-  absent=()
-  if [ $configured = 1 ] && [ -e "$build/build.ninja" ]; then
-    present=()
-    for t in "${targets[@]}"; do
-      if ninja -C "$build" -t query "$t" >/dev/null 2>&1; then present+=("$t"); else absent+=("$t"); fi
-    done
-    targets=("${present[@]}")
-    [ ${#absent[@]} -eq 0 ] || detail "**Targets not in this tree** (not built): ${absent[*]}"
-  fi
   if [ $configured = 0 ]; then row build SKIP 0 "not configured"
   elif run_logged build cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
     built=1
@@ -309,7 +303,84 @@ $(fence "$(last_output | grep -m 20 -E -A3 'error|Error' | head -n 40)")"
 elif [ -x "$build/fluxmpi" ]; then built=1; fi
 
 # ---------------------------------------------------------------------------------------------
-# 4. unit and parity tests (the test executables themselves: ctest would want every target built).
+# 4. one forward of the full FLUX.1-dev transformer, random bf16 weights.
+if want bench; then
+  t0=$(date +%s)
+  if [ $cpu_dry = 1 ]; then row bench SKIP 0 "--cpu-dry: 12 B parameters are for the GPU"
+  elif [ $built = 0 ]; then row bench SKIP 0 "not built"
+  elif cap=200 run_logged bench "$build/tools/bench/fluxmpi-bench-matmul" --config "$here/flux1-dev-transformer-config.json" \
+         --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3 --threads "$jobs"; then
+    row bench PASS $(( $(date +%s) - t0 )) "$(last_output | grep -m1 'transformer forward' | tr -s ' ')"
+    detail "**FLUX.1-dev forward** (fluxmpi-bench-matmul --config tools/gpu/flux1-dev-transformer-config.json --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3):
+$(fence "$(last_output | tail -n 12)")"
+  else
+    rc=$?; row bench FAIL $(( $(date +%s) - t0 )) "exit $rc: $(last_output | tail -n 2 | tr '\n' ' ')"
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 5. a 4-step job on 2 ranks through the prefix's mpirun.
+if want mpi; then
+  t0=$(date +%s)
+  if [ $built = 0 ]; then row mpi SKIP 0 "not built"
+  else
+    work=$build/gpu-check-work; rm -rf "$work"; mkdir -p "$work"
+    device=cuda; extra=(); preset=bench
+    # --cpu-dry: the tiny model (the bench model takes minutes on a CPU), one thread per rank.
+    [ $cpu_dry = 1 ] && { device=cpu; extra=(--threads 1); preset=tiny; }
+    if ! cap=90 run_logged make-tiny-model "$build/tools/make_tiny_model/make-tiny-model" --out "$work/model" --preset $preset; then
+      row mpi FAIL $(( $(date +%s) - t0 )) "make-tiny-model --preset $preset failed"
+    else
+      cap=20 run_logged ompi_info ompi_info --path all
+      paths=$(last_output | grep -E ' (Prefix|Libdir|Pkglibdir|Sysconfdir|Pkgdatadir):')
+      if cap=240 run_logged mpirun mpirun -np 2 --bind-to none --oversubscribe "$build/fluxmpi" --model "$work/model" \
+           --prompt "a mountain village at dawn" --height 256 --width 256 --steps 4 --max-sequence-length 128 --seed 1 \
+           --device $device "${extra[@]}" --checkpoint "$work/job.h5" -o "$work/job.png" --log-level debug; then
+        summary=$(last_output | grep -E 'encode .* s \(peak|denoise' | tail -n 2)
+        ranks=$(last_output | grep -o 'rank [0-9]/2' | sort -u | tr '\n' ' ')
+        if [ -s "$work/job.png" ] && [ -s "$work/job.h5" ]; then
+          row mpi PASS $(( $(date +%s) - t0 )) "mpirun -np 2 fluxmpi --device $device, model --preset $preset: PNG and checkpoint written; ranks seen: $ranks"
+        else
+          row mpi FAIL $(( $(date +%s) - t0 )) "exit 0 but no PNG or checkpoint"
+        fi
+        detail "**mpirun job** (prefix's Open MPI, relocated):
+$(fence "$paths
+$(command -v mpirun) -> $(readlink -f "$(command -v mpirun)")
+$(last_output | grep -E 'fluxmpi\[rank|summary|denoise|device|dtype' | head -n 30)")"
+      else
+        rc=$?; row mpi FAIL $(( $(date +%s) - t0 )) "mpirun exited $rc: $(last_output | grep -m1 -E 'fluxmpi.*(error|Error)|--device' | cut -c1-200)"
+        detail "**mpirun job failed:**
+$(fence "$paths
+$(last_output | tail -n 30)")"
+      fi
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 6. build the test executables. A test renamed or removed since these lists were written is
+# named, not fatal.
+if want build && [ $built = 1 ]; then
+  t0=$(date +%s)
+  if [ -e "$build/build.ninja" ]; then
+    present=(); absent=()
+    for t in "${test_targets[@]}"; do
+      if ninja -C "$build" -t query "$t" >/dev/null 2>&1; then present+=("$t"); else absent+=("$t"); fi
+    done
+    test_targets=("${present[@]}")
+    [ ${#absent[@]} -eq 0 ] || detail "**Test targets not in this tree** (not built): ${absent[*]}"
+  fi
+  if run_logged build-tests cmake --build "$build" -j "$jobs" --target "${test_targets[@]}"; then
+    row build-tests PASS $(( $(date +%s) - t0 )) "${#test_targets[@]} test executables"
+  else
+    rc=$?; row build-tests FAIL $(( $(date +%s) - t0 )) "exit $rc (first errors below)"
+    detail "**Test build failed**, first errors:
+$(fence "$(last_output | grep -m 20 -E -A3 'error|Error' | head -n 40)")"
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 7. unit and parity tests (the test executables themselves: ctest would want every target built).
 fixtures=$here/fixtures
 test_device=cpu; [ $cpu_dry = 0 ] && test_device=cuda
 run_gtests() {  # run_gtests STEP EXE...
@@ -346,61 +417,6 @@ if want parity; then
   if [ $built = 0 ]; then row parity SKIP 0 "not built"
   elif [ ! -e "$fixtures/manifest.json" ]; then row parity FAIL 0 "no tools/gpu/fixtures: run tools/gpu/stage-fixtures.sh and carry tools/gpu/fixtures"
   else run_gtests parity "${parity_tests[@]}"; fi
-fi
-
-# ---------------------------------------------------------------------------------------------
-# 5. one forward of the full FLUX.1-dev transformer, random bf16 weights.
-if want bench; then
-  t0=$(date +%s)
-  if [ $cpu_dry = 1 ]; then row bench SKIP 0 "--cpu-dry: 12 B parameters are for the GPU"
-  elif [ $built = 0 ]; then row bench SKIP 0 "not built"
-  elif cap=200 run_logged bench "$build/tools/bench/fluxmpi-bench-matmul" --config "$here/flux1-dev-transformer-config.json" \
-         --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3 --threads "$jobs"; then
-    row bench PASS $(( $(date +%s) - t0 )) "$(last_output | grep -m1 'transformer forward' | tr -s ' ')"
-    detail "**FLUX.1-dev forward** (fluxmpi-bench-matmul --config tools/gpu/flux1-dev-transformer-config.json --height 1024 --width 1024 --msl 512 --dtype bf16 --device cuda --repeat 3):
-$(fence "$(last_output | tail -n 12)")"
-  else
-    rc=$?; row bench FAIL $(( $(date +%s) - t0 )) "exit $rc: $(last_output | tail -n 2 | tr '\n' ' ')"
-  fi
-fi
-
-# ---------------------------------------------------------------------------------------------
-# 6. a 4-step job on 2 ranks through the prefix's mpirun.
-if want mpi; then
-  t0=$(date +%s)
-  if [ $built = 0 ]; then row mpi SKIP 0 "not built"
-  else
-    work=$build/gpu-check-work; rm -rf "$work"; mkdir -p "$work"
-    device=cuda; extra=(); preset=bench
-    # --cpu-dry: the tiny model (the bench model takes minutes on a CPU), one thread per rank.
-    [ $cpu_dry = 1 ] && { device=cpu; extra=(--threads 1); preset=tiny; }
-    if ! cap=90 run_logged make-tiny-model "$build/tools/make_tiny_model/make-tiny-model" --out "$work/model" --preset $preset; then
-      row mpi FAIL $(( $(date +%s) - t0 )) "make-tiny-model --preset $preset failed"
-    else
-      cap=20 run_logged ompi_info ompi_info --path all
-      paths=$(last_output | grep -E ' (Prefix|Libdir|Pkglibdir|Sysconfdir|Pkgdatadir):')
-      if cap=240 run_logged mpirun mpirun -np 2 --bind-to none --oversubscribe "$build/fluxmpi" --model "$work/model" \
-           --prompt "a mountain village at dawn" --height 256 --width 256 --steps 4 --max-sequence-length 128 --seed 1 \
-           --device $device "${extra[@]}" --checkpoint "$work/job.h5" -o "$work/job.png" --log-level debug; then
-        summary=$(last_output | grep -E 'encode .* s \(peak|denoise' | tail -n 2)
-        ranks=$(last_output | grep -o 'rank [0-9]/2' | sort -u | tr '\n' ' ')
-        if [ -s "$work/job.png" ] && [ -s "$work/job.h5" ]; then
-          row mpi PASS $(( $(date +%s) - t0 )) "mpirun -np 2 fluxmpi --device $device, model --preset $preset: PNG and checkpoint written; ranks seen: $ranks"
-        else
-          row mpi FAIL $(( $(date +%s) - t0 )) "exit 0 but no PNG or checkpoint"
-        fi
-        detail "**mpirun job** (prefix's Open MPI, relocated):
-$(fence "$paths
-$(command -v mpirun) -> $(readlink -f "$(command -v mpirun)")
-$(last_output | grep -E 'fluxmpi\[rank|summary|denoise|device|dtype' | head -n 30)")"
-      else
-        rc=$?; row mpi FAIL $(( $(date +%s) - t0 )) "mpirun exited $rc: $(last_output | grep -m1 -E 'fluxmpi.*(error|Error)|--device' | cut -c1-200)"
-        detail "**mpirun job failed:**
-$(fence "$paths
-$(last_output | tail -n 30)")"
-      fi
-    fi
-  fi
 fi
 
 rm -f "$log.part" "$out/.ldcache"
