@@ -1,6 +1,7 @@
 // Parity of the T5 encoder with transformers T5EncoderModel on the reference fixtures: every
 // `t5_forward` case (embeddings, position bias, every block, last hidden state) and the
-// prompt_embeds of every `pipeline` case, in fp32 at kTolFp32; plus a bf16 sanity bound.
+// prompt_embeds of every `pipeline` case, in fp32 at kTolFp32; plus a bf16 sanity bound. On
+// test::test_device() (FLUXMPI_TEST_DEVICE).
 
 #include <gtest/gtest.h>
 
@@ -34,9 +35,9 @@ TEST_P(T5Forward, MatchesEveryRecordedTensorFp32) {
   const CaseRef& c = GetParam();
   FLUXMPI_REQUIRE_CASE(c);
   io::ModelDir dir(c.model_dir);
-  T5EncoderModel model = load_t5_encoder(dir, at::kFloat, at::kCPU);
+  T5EncoderModel model = load_t5_encoder(dir, at::kFloat, test::test_device());
   test::CaseTensors tensors(c.file);
-  T5EncoderOutput out = model->forward(tensors.get("in_input_ids"), /*trace=*/true);
+  T5EncoderOutput out = model->forward(test::on_test_device(tensors.get("in_input_ids")), /*trace=*/true);
 
   const auto& listed = c.json.at("tensors");
   for (int64_t i = 0; i < model->config().num_layers; ++i)
@@ -56,9 +57,9 @@ TEST_P(T5Pipeline, PromptEmbedsFromStoredIdsFp32) {
   const CaseRef& c = GetParam();
   FLUXMPI_REQUIRE_CASE(c);
   io::ModelDir dir(c.model_dir);
-  T5EncoderModel model = load_t5_encoder(dir, at::kFloat, at::kCPU);
+  T5EncoderModel model = load_t5_encoder(dir, at::kFloat, test::test_device());
   test::CaseTensors tensors(c.file);
-  at::Tensor ids = tensors.get("t5_input_ids");     // [prompts, max_sequence_length]
+  at::Tensor ids = test::on_test_device(tensors.get("t5_input_ids"));     // [prompts, max_sequence_length]
   at::Tensor ref = tensors.get("prompt_embeds");    // [prompts * images per prompt, S, D]
   ASSERT_EQ(ref.size(0) % ids.size(0), 0) << test::case_label(c) << ": embedding rows are not a multiple of prompts";
   // The pipeline repeats each prompt's embeddings for its images, prompt-major.
@@ -77,9 +78,9 @@ TEST_P(T5Bf16, RunDtypeStaysNearFp32Reference) {
   const CaseRef& c = GetParam();
   FLUXMPI_REQUIRE_CASE(c);
   io::ModelDir dir(c.model_dir);
-  T5EncoderModel model = load_t5_encoder(dir, at::kBFloat16, at::kCPU);
+  T5EncoderModel model = load_t5_encoder(dir, at::kBFloat16, test::test_device());
   test::CaseTensors tensors(c.file);
-  T5EncoderOutput out = model->forward(tensors.get("in_input_ids"));
+  T5EncoderOutput out = model->forward(test::on_test_device(tensors.get("in_input_ids")));
   EXPECT_EQ(out.last_hidden_state.scalar_type(), at::kBFloat16);
   testing::AssertionResult r = test::close_to(test::case_label(c) + " out_last_hidden_state (bf16 run)",
                                               out.last_hidden_state, tensors.get("out_last_hidden_state"),

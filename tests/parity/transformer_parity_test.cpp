@@ -1,6 +1,7 @@
 // FluxTransformer2DModel parity with diffusers: every transformer_forward case of the manifest
 // with all its intermediates, and the noise prediction of every step of every pipeline case from
 // that step's stored inputs. Tolerance: kTolFp32 (max |diff| <= 1e-5 * max(1, max |ref|)).
+// On test::test_device() (FLUXMPI_TEST_DEVICE), at the same tolerance.
 
 #include <gtest/gtest.h>
 
@@ -24,7 +25,7 @@ using test::kTolFp32;
 
 FluxTransformer load_whole(const std::string& model_dir) {
   io::ModelDir dir(model_dir);
-  return load_flux_transformer(dir, TransformerPart::whole(dir.transformer_config()), at::kFloat, at::kCPU);
+  return load_flux_transformer(dir, TransformerPart::whole(dir.transformer_config()), at::kFloat, test::test_device());
 }
 
 class TransformerForward : public testing::TestWithParam<CaseRef> {};
@@ -36,11 +37,12 @@ TEST_P(TransformerForward, MatchesEveryIntermediate) {
   CaseTensors ref(c.file);
   FluxTransformer model = load_whole(c.model_dir);
   TransformerInputs in;
-  in.latents = ref.get("in_hidden_states");
-  in.text = ref.get("in_encoder_hidden_states");
-  in.pooled = ref.get("in_pooled_projections");
-  in.timestep = ref.get("in_timestep");
-  if (ref.has("in_guidance")) in.guidance = ref.get("in_guidance");
+  using test::on_test_device;
+  in.latents = on_test_device(ref.get("in_hidden_states"));
+  in.text = on_test_device(ref.get("in_encoder_hidden_states"));
+  in.pooled = on_test_device(ref.get("in_pooled_projections"));
+  in.timestep = on_test_device(ref.get("in_timestep"));
+  if (ref.has("in_guidance")) in.guidance = on_test_device(ref.get("in_guidance"));
   const std::string where = test::case_label(c) + ": ";
 
   StreamState s = model->embed(in);
@@ -48,7 +50,7 @@ TEST_P(TransformerForward, MatchesEveryIntermediate) {
   EXPECT_TRUE(close_to(where + "context_embedder_out", s.txt, ref.get("context_embedder_out"), kTolFp32));
   EXPECT_TRUE(close_to(where + "temb", s.temb, ref.get("temb"), kTolFp32));
 
-  RopeTables rope = model->rope(ref.get("in_txt_ids"), ref.get("in_img_ids"));
+  RopeTables rope = model->rope(on_test_device(ref.get("in_txt_ids")), on_test_device(ref.get("in_img_ids")));
   EXPECT_TRUE(close_to(where + "rope_cos", rope.cos, ref.get("rope_cos"), kTolFp32));
   EXPECT_TRUE(close_to(where + "rope_sin", rope.sin, ref.get("rope_sin"), kTolFp32));
 
@@ -81,16 +83,16 @@ TEST_P(PipelineNoisePrediction, EveryStepFromStoredInputs) {
   CaseTensors ref(c.file);
   FluxTransformer model = load_whole(c.model_dir);
   at::Tensor noise_pred = ref.get("noise_pred");        // [N, n, L, 64]
-  at::Tensor steps = ref.get("latents_steps");          // [N, n, L, 64]
-  at::Tensor timestep = ref.get("transformer_timestep");  // [N, n]
+  at::Tensor steps = test::on_test_device(ref.get("latents_steps"));          // [N, n, L, 64]
+  at::Tensor timestep = test::on_test_device(ref.get("transformer_timestep"));  // [N, n]
   const int64_t N = noise_pred.size(0);
   TransformerInputs in;
-  in.text = ref.get("prompt_embeds");
-  in.pooled = ref.get("pooled_prompt_embeds");
-  if (model->config().guidance_embeds) in.guidance = ref.get("guidance").expand({noise_pred.size(1)});
-  RopeTables rope = model->rope(ref.get("text_ids"), ref.get("latent_image_ids"));
+  in.text = test::on_test_device(ref.get("prompt_embeds"));
+  in.pooled = test::on_test_device(ref.get("pooled_prompt_embeds"));
+  if (model->config().guidance_embeds) in.guidance = test::on_test_device(ref.get("guidance").expand({noise_pred.size(1)}));
+  RopeTables rope = model->rope(test::on_test_device(ref.get("text_ids")), test::on_test_device(ref.get("latent_image_ids")));
   for (int64_t k = 0; k < N; ++k) {
-    in.latents = k == 0 ? ref.get("latents_initial") : steps[k - 1];
+    in.latents = k == 0 ? test::on_test_device(ref.get("latents_initial")) : steps[k - 1];
     in.timestep = timestep[k];
     StreamState s = model->embed(in);
     model->run_blocks(s, rope);

@@ -1,7 +1,7 @@
 // Parity of the VAE decoder and of the image post-processing with diffusers AutoencoderKL and
 // FluxPipeline, driven by the fixture manifest: every `vae_decode` case (with the decoder's
 // intermediates) and the decode tail of every `pipeline` case (vae_input, decoded_image,
-// image_uint8 and the reference PNGs).
+// image_uint8 and the reference PNGs). The decoder runs on test::test_device() (FLUXMPI_TEST_DEVICE).
 
 #include <gtest/gtest.h>
 
@@ -35,7 +35,7 @@ VaeDecoder& decoder_of(const CaseRef& c) {
   static std::map<std::string, VaeDecoder> cache;
   auto it = cache.find(c.model_dir);
   if (it == cache.end())
-    it = cache.emplace(c.model_dir, load_vae_decoder(io::ModelDir(c.model_dir), at::kFloat, at::kCPU)).first;
+    it = cache.emplace(c.model_dir, load_vae_decoder(io::ModelDir(c.model_dir), at::kFloat, test::test_device())).first;
   return it->second;
 }
 
@@ -79,7 +79,7 @@ TEST_P(VaeDecodeParity, MatchesDiffusersWithIntermediates) {
   test::CaseTensors ref(c.file);
   VaeDecoder& vae = decoder_of(c);
   DecoderTrace trace;
-  at::Tensor out = vae->forward(ref.get("in_z"), &trace);
+  at::Tensor out = vae->forward(test::on_test_device(ref.get("in_z")), &trace);
 
   // Every reference tensor the manifest lists for the case is compared; an unknown one fails.
   static const std::regex up_block_re(R"(up_block_(\d+)_out)");
@@ -145,7 +145,7 @@ TEST_P(VaePipelineTailParity, DecodedImageFromVaeInput) {
   const CaseRef& c = GetParam();
   FLUXMPI_REQUIRE_CASE(c);
   test::CaseTensors ref(c.file);
-  at::Tensor got = decoder_of(c)->forward(ref.get("vae_input"));
+  at::Tensor got = decoder_of(c)->forward(test::on_test_device(ref.get("vae_input")));
   expect_close(test::case_label(c) + " decoded_image", got, ref.get("decoded_image"), test::kTolFp32);
 }
 
@@ -182,7 +182,7 @@ TEST_P(VaePipelineTailParity, DecodeImageEndToEndMatchesPng) {
   const auto& pngs = c.json["png"];
   ASSERT_EQ(static_cast<int64_t>(pngs.size()), latents.size(0));
   for (int64_t i = 0; i < latents.size(0); ++i) {
-    io::RgbImage image = decode_image(decoder_of(c), latents[i], geometry_, config_);
+    io::RgbImage image = decode_image(decoder_of(c), test::on_test_device(latents[i]), geometry_, config_);
     const std::string png = pngs[static_cast<size_t>(i)].get<std::string>();
     io::RgbImage expected = io::read_png((std::filesystem::path(test::fixture_root()) / png).string());
     expect_pixels_close(str_cat(test::case_label(c), " decode_image(latents_final[", i, "]) vs ", png), image,

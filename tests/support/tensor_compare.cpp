@@ -1,11 +1,28 @@
 #include "support/tensor_compare.h"
 
+#include <ATen/Context.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::test {
+
+at::Device test_device() {
+  static const at::Device device = [] {
+    const char* env = std::getenv("FLUXMPI_TEST_DEVICE");
+    const std::string name = env ? env : "";
+    if (name.empty() || name == "cpu") return at::Device(at::kCPU);
+    if (name != "cuda") throw std::runtime_error("FLUXMPI_TEST_DEVICE must be 'cpu' or 'cuda', got '" + name + "'");
+    if (!at::hasCUDA()) throw std::runtime_error("FLUXMPI_TEST_DEVICE=cuda: this libtorch has no CUDA device");
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowTF32CuDNN(false);
+    return at::Device(at::kCUDA, 0);
+  }();
+  return device;
+}
 
 CaseTensors::CaseTensors(const std::string& path) : store_(io::TensorStore::open_file(path, path)) {}
 

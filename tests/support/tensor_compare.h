@@ -22,6 +22,13 @@ inline constexpr double kTolPipelineFp32 = 1e-4;
 /// the output scale, while a semantic error moves outputs by O(1).
 inline constexpr double kTolBf16Sanity = 8 * 3.90625e-3;
 
+/// Where the parity tests that honour it run: the CPU, or cuda:0 with FLUXMPI_TEST_DEVICE=cuda
+/// (tools/gpu/check.sh; the tolerances stay those of the CPU, and TF32 is switched off so that
+/// fp32 is fp32). Another value, or cuda without a GPU, throws std::runtime_error naming it.
+at::Device test_device();
+/// `t` on test_device() (the case files are read onto the CPU).
+inline at::Tensor on_test_device(const at::Tensor& t) { return t.to(test_device()); }
+
 /// The tensors of one case file, read in their stored dtype.
 class CaseTensors {
  public:
