@@ -56,8 +56,9 @@ constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
 const Spec kSpecs[] = {
     {"model", 0, Group::Model, Kind::Text, "DIR", nullptr,
      "diffusers FluxPipeline folder (FLUX.1-dev or FLUX.1-schnell); with --resume, default: the one the checkpoint names", false},
-    {"dtype", 0, Group::Model, Kind::Text, "fp32|bf16|fp16", nullptr,
-     "compute dtype (default: fp32 on cpu, bf16 on cuda); weights of any dtype are converted", false},
+    {"dtype", 0, Group::Model, Kind::Text, "auto|fp32|bf16|fp16", "auto",
+     "compute dtype; auto: bf16 on cuda and on CPUs with native bf16 (avx512_bf16, amx_bf16), else fp32; "
+     "weights of any dtype are converted", false},
 
     {"prompt", 0, Group::Sampling, Kind::Text, "TEXT", nullptr, "the prompt (CLIP, and T5 unless --prompt-2)", false},
     {"prompts-file", 0, Group::Sampling, Kind::Text, "FILE", nullptr,
@@ -322,10 +323,11 @@ void read_config_file(const std::string& path, Settings& settings) {
 
 std::string normalise_dtype(const Settings& s) {
   std::string v = s.text("dtype");
+  if (v == "auto") return "auto";
   if (v == "fp32" || v == "float32") return "fp32";
   if (v == "bf16" || v == "bfloat16") return "bf16";
   if (v == "fp16" || v == "float16") return "fp16";
-  s.fail("dtype", str_cat("must be one of fp32, bf16, fp16, got '", v, "'"));
+  s.fail("dtype", str_cat("must be one of auto, fp32, bf16, fp16, got '", v, "'"));
 }
 
 bool ends_with_png(const std::string& path) {
@@ -405,7 +407,7 @@ RunConfig validate(const Settings& s) {
   c.config_file = s.text("config");
   c.log_level = log::parse_level(s.choice("log-level", {"error", "warn", "info", "debug"}));
   c.device = s.choice("device", {"cpu", "cuda"});
-  c.dtype = s.has("dtype") ? normalise_dtype(s) : c.device == "cuda" ? "bf16" : "fp32";
+  c.dtype = normalise_dtype(s);  // "auto" by default: prepare_run resolves it (app/defaults.h)
 
   c.true_cfg = *s.number("true-cfg", 1.0, "must be at least 1 (1 disables true classifier-free guidance)");
   c.num_images = *s.integer("num-images", 1, kMaxImages);

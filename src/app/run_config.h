@@ -23,7 +23,7 @@ namespace fluxmpi::app {
 struct RunConfig {
   // Model.
   std::string model;   ///< --model: diffusers FluxPipeline folder; empty only with --resume (the checkpoint names it)
-  std::string dtype;   ///< "fp32" | "bf16" | "fp16"; default fp32 on cpu, bf16 on cuda
+  std::string dtype;   ///< "auto" | "fp32" | "bf16" | "fp16"; "auto" (the default) is resolved by prepare_run (app/defaults.h)
   std::string device = "cpu";  ///< "cpu" | "cuda"
 
   // Sampling.
