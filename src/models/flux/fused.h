@@ -25,8 +25,9 @@ void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double ep
 
 /// softmax(q k^T * scale) v per (batch, head): q, k [B, H, N, Dh] contiguous, v [B, H, N, Dh]
 /// (any strides), written into out [B, N, H*Dh] (any row stride, unit last stride), head h at
-/// columns h*Dh .. (h+1)*Dh. One head's scores at a time ([N, N], reused), the scale applied by
-/// the matmul; out may be a column slice of a larger buffer.
+/// columns h*Dh .. (h+1)*Dh; out may be a column slice of a larger buffer. fp32: one head's
+/// scores at a time ([N, N], reused), the scale applied by the matmul; bf16: batched over chunks
+/// of heads of at most nn::kAttentionChunkBytes of scores.
 void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out);
 
 /// GELU (tanh approximation) of x into out (same shape, any strides); any device and dtype, bf16
