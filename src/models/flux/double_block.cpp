@@ -3,7 +3,6 @@
 #include <torch/nn/modules/linear.h>
 
 #include "models/common/tensor_utils.h"
-#include "models/flux/fused.h"
 
 namespace fluxmpi::flux {
 
@@ -19,7 +18,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden) {
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) const {
-  return out_->forward(fused::gelu_tanh(proj_->forward(x)));
+  return out_->forward(nn::gelu_tanh(proj_->forward(x)));
 }
 
 at::Tensor clip_fp16(const at::Tensor& x) {

@@ -145,20 +145,4 @@ void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   }
 }
 
-void gelu_tanh_into(const at::Tensor& x, at::Tensor out) {
-  if (x.scalar_type() == at::kBFloat16 && x.device().is_cpu()) {
-    // libtorch 1.13's bf16 GELU on the CPU takes twice as long as its fp32 one around two
-    // conversions (measured at [512, 2048], 2 threads), which rounds the same fp32 value once.
-    out.copy_(at::gelu(x.to(at::kFloat), "tanh"));
-  } else {
-    at::gelu_out(out, x, "tanh");
-  }
-}
-
-at::Tensor gelu_tanh(const at::Tensor& x) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  gelu_tanh_into(x, out);
-  return out;
-}
-
 }  // namespace fluxmpi::flux::fused

@@ -30,9 +30,4 @@ void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double ep
 /// of heads of at most nn::kAttentionChunkBytes of scores.
 void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out);
 
-/// GELU (tanh approximation) of x into out (same shape, any strides); any device and dtype, bf16
-/// on the CPU through fp32.
-void gelu_tanh_into(const at::Tensor& x, at::Tensor out);
-at::Tensor gelu_tanh(const at::Tensor& x);
-
 }  // namespace fluxmpi::flux::fused
