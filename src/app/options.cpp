@@ -66,8 +66,9 @@ const Spec kSpecs[] = {
     {"model-config", 0, Group::Model, Kind::Text, "DIR", nullptr,
      "diffusers-layout folder whose configs, tokenizers and scheduler describe the weights (its weights are not "
      "read); default: --model when a folder, else the shipped FLUX.1-dev or FLUX.1-schnell configs", false},
-    {"dtype", 0, Group::Model, Kind::Text, "fp32|bf16|fp16", nullptr,
-     "compute dtype (default: fp32 on cpu, bf16 on cuda); weights of any dtype are converted", false},
+    {"dtype", 0, Group::Model, Kind::Text, "auto|fp32|bf16|fp16", "auto",
+     "compute dtype; auto: bf16 on cuda and on CPUs with native bf16 (avx512_bf16, amx_bf16), else fp32; "
+     "weights of any dtype are converted", false},
     {"lora", 0, Group::Model, Kind::Text, "FILE[:SCALE]", nullptr,
      "merge a LoRA (diffusers/PEFT or kohya safetensors) into the weights, scaled (default 1); repeatable, "
      "stacked in the order given", false, /*repeatable=*/true},
@@ -367,10 +368,11 @@ void read_config_file(const std::string& path, Settings& settings) {
 
 std::string normalise_dtype(const Settings& s) {
   std::string v = s.text("dtype");
+  if (v == "auto") return "auto";
   if (v == "fp32" || v == "float32") return "fp32";
   if (v == "bf16" || v == "bfloat16") return "bf16";
   if (v == "fp16" || v == "float16") return "fp16";
-  s.fail("dtype", str_cat("must be one of fp32, bf16, fp16, got '", v, "'"));
+  s.fail("dtype", str_cat("must be one of auto, fp32, bf16, fp16, got '", v, "'"));
 }
 
 bool ends_with_png(const std::string& path) {
@@ -487,7 +489,7 @@ RunConfig validate(const Settings& s) {
   c.config_file = s.text("config");
   c.log_level = log::parse_level(s.choice("log-level", {"error", "warn", "info", "debug"}));
   c.device = s.choice("device", {"cpu", "cuda"});
-  c.dtype = s.has("dtype") ? normalise_dtype(s) : c.device == "cuda" ? "bf16" : "fp32";
+  c.dtype = normalise_dtype(s);  // "auto" by default: prepare_run resolves it (app/defaults.h)
 
   c.true_cfg = *s.number("true-cfg", 1.0, "must be at least 1 (1 disables true classifier-free guidance)");
   c.num_images = *s.integer("num-images", 1, kMaxImages);

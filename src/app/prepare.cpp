@@ -165,7 +165,8 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
     fill_from_checkpoint(c, *checkpoint);
     run.resumed = true;
   }
-  if (c.dtype.empty()) c.dtype = c.device == "cuda" ? "bf16" : "fp32";
+  if (c.dtype.empty()) c.dtype = "auto";
+  resolve_dtype(c);  // after the checkpoint's dtype: a resumed run keeps it unless --dtype is given
   const at::ScalarType dtype = nn::parse_dtype(c.dtype);
   const at::Device device = c.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   if (c.device == "cuda" && !at::hasCUDA())

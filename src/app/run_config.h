@@ -24,7 +24,7 @@ namespace fluxmpi::app {
 struct RunConfig {
   // Model.
   std::string model;   ///< --model: diffusers FluxPipeline folder or a .safetensors file; empty only with --resume or a --transformer
-  std::string dtype;   ///< "fp32" | "bf16" | "fp16"; default fp32 on cpu, bf16 on cuda
+  std::string dtype;   ///< "auto" | "fp32" | "bf16" | "fp16"; "auto" (the default) is resolved by prepare_run (app/defaults.h)
   std::string device = "cpu";  ///< "cpu" | "cuda"
   /// --lora FILE[:SCALE], repeatable, in the order given (merged in that order); absolute paths.
   std::vector<io::LoraSpec> loras;

@@ -8,7 +8,9 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "ckpt/checkpoint_reader.h"
@@ -39,8 +41,10 @@ class Resume : public testing::Test {
 
   static std::vector<std::string> args(const std::string& tag, const std::string& model, const std::string& steps,
                                        const std::string& size = "64") {
+    // fp32 pinned: the "slow" model's step time, which the external kill relies on, is an fp32 time.
     return {"--model", *dir_ / model, "--prompt", "an old stone bridge", "--num-images", "2", "--height", size, "--width", size,
-            "--steps", steps, "--seed", "5", "--no-progress", "--checkpoint", *dir_ / (tag + ".h5"), "-o", *dir_ / (tag + "-{i}.png")};
+            "--steps", steps, "--seed", "5", "--no-progress", "--dtype", "fp32", "--checkpoint", *dir_ / (tag + ".h5"),
+            "-o", *dir_ / (tag + "-{i}.png")};
   }
   static std::vector<std::string> resume_args(const std::string& tag) {
     return {"--resume", *dir_ / (tag + ".h5"), "--no-progress", "-o", *dir_ / (tag + "-{i}.png")};
@@ -173,6 +177,37 @@ TEST_F(Resume, KeepsTheVaeTilingOfTheCheckpoint) {
   EXPECT_NE(refused.output.find("/images/00000: 'vae_tiling' is 0 in the checkpoint, the command line asks for 1"),
             std::string::npos)
       << refused.output;
+}
+
+// Without --dtype the run resolves "auto" once, logs the choice and stores the dtype it used; a
+// resume without --dtype takes the stored one, `--dtype auto` resolves to the same on this machine,
+// and the other dtype is refused as another job's.
+TEST_F(Resume, AutoDtypeIsStoredResolvedAndComparedOnResume) {
+  auto a = args("auto", "model", "2");
+  a.erase(std::find(a.begin(), a.end(), "--dtype"), std::find(a.begin(), a.end(), "--dtype") + 2);
+  JobResult r = run_fluxmpi(1, a, 120, {"FLUXMPI_FAULT=kill@0:1"});
+  ASSERT_NE(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("--dtype auto chose (fp32|bf16): "))) << r.output;
+  const std::string chosen = m[1].str(), other = chosen == "bf16" ? "fp32" : "bf16";
+  EXPECT_EQ(ckpt::CheckpointReader::open(*dir_ / "auto.h5").attributes(0).dtype, chosen);
+
+  fs::copy_file(*dir_ / "auto.h5", *dir_ / "auto-other.h5");
+  auto refused = resume_args("auto-other");
+  refused.insert(refused.end(), {"--dtype", other});
+  r = run_fluxmpi(1, refused, 60);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("'dtype' is \"" + chosen + "\" in the checkpoint, the command line asks for \"" + other + "\""),
+            std::string::npos)
+      << r.output;
+
+  auto again = resume_args("auto");
+  again.insert(again.end(), {"--dtype", "auto"});
+  r = run_fluxmpi(2, again);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ckpt::CheckpointReader done = ckpt::CheckpointReader::open(*dir_ / "auto.h5");
+  EXPECT_EQ(done.attributes(0).dtype, chosen);
+  EXPECT_EQ(done.state(0).status, ckpt::ImageStatus::Decoded);
 }
 
 TEST_F(Resume, AFinishedCheckpointHasNothingLeft) {

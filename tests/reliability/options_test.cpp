@@ -30,7 +30,7 @@ std::vector<BadInput> rows() {
           .args({"--max-sequence-length", "513"}),
       BadInput("cli_height_floors_to_zero", kExitUsage, "UsageError", {"--height 8 is smaller than 16"}).args({"--height", "8"}),
       BadInput("cli_guidance_negative", kExitUsage, "UsageError", {"--guidance must not be negative, got -1"}).args({"--guidance", "-1"}),
-      BadInput("cli_dtype_unknown", kExitUsage, "UsageError", {"--dtype must be one of fp32, bf16, fp16, got 'fp64'"})
+      BadInput("cli_dtype_unknown", kExitUsage, "UsageError", {"--dtype must be one of auto, fp32, bf16, fp16, got 'fp64'"})
           .args({"--dtype", "fp64"}),
       BadInput("cli_option_given_twice", kExitUsage, "UsageError", {"--steps is given more than once"})
           .args({"--steps", "2", "--steps", "3"}),

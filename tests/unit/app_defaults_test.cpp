@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <unistd.h>
 
+#include <ATen/Context.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -201,6 +204,88 @@ TEST_P(ManifestCases, ResolveToTheSizesSeedsAndStepsOfDiffusers) {
   const bool dev = c.pipeline_json.at("variant").get<std::string>() == "dev";
   EXPECT_EQ(io::ModelDir(c.model_dir).variant() == io::Variant::Dev, dev) << test::case_label(c) << ": variant";
   if (!dev) EXPECT_EQ(config.guidance, 0.0) << test::case_label(c) << ": schnell ignores guidance";
+}
+
+// --- --dtype auto ----------------------------------------------------------------------------
+
+// /proc/cpuinfo of two cores; `flags0` and `flags1` are the cores' flags lines.
+std::string cpuinfo(const std::string& flags0, const std::string& flags1) {
+  return str_cat("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Xeon\nflags\t\t: ", flags0,
+                 "\nbugs\t\t: spectre_v1\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: ", flags1,
+                 "\nvmx flags\t: vnmi avx512_bf16\n\n");
+}
+
+TEST(AutoDtype, ReadsTheBf16FlagsOfEveryCore) {
+  const std::string base = "fpu sse2 avx2 fma avx512f avx512bw avx512_vnni";
+  CpuBf16 none = cpu_bf16_from_cpuinfo(cpuinfo(base, base));
+  EXPECT_FALSE(none.native());
+  EXPECT_EQ(none.source, "/proc/cpuinfo");
+  CpuBf16 avx = cpu_bf16_from_cpuinfo(cpuinfo(base + " avx512_bf16", base + " avx512_bf16"));
+  EXPECT_TRUE(avx.avx512_bf16);
+  EXPECT_FALSE(avx.amx_bf16);
+  CpuBf16 amx = cpu_bf16_from_cpuinfo(cpuinfo("amx_bf16 amx_tile " + base, "amx_tile amx_bf16 " + base));
+  EXPECT_TRUE(amx.amx_bf16);
+  EXPECT_FALSE(amx.avx512_bf16);
+  // One core without the flag: not every thread could run it.
+  EXPECT_FALSE(cpu_bf16_from_cpuinfo(cpuinfo(base + " avx512_bf16", base)).native());
+  // Whole words only, and only the `flags` lines (not `vmx flags`, `bugs`).
+  EXPECT_FALSE(cpu_bf16_from_cpuinfo(cpuinfo(base + " avx512_bf16x", base + " xavx512_bf16")).native());
+  // Not x86 (no flags line) and empty text: no native bf16.
+  EXPECT_FALSE(cpu_bf16_from_cpuinfo("processor\t: 0\nFeatures\t: fp asimd bf16\n").native());
+  EXPECT_FALSE(cpu_bf16_from_cpuinfo("").native());
+}
+
+TEST(AutoDtype, ChoosesBf16OnCudaAndOnCpusWithNativeBf16) {
+  const std::string base = "fpu avx2 avx512f";
+  const CpuBf16 plain = cpu_bf16_from_cpuinfo(cpuinfo(base, base));
+  const CpuBf16 avx = cpu_bf16_from_cpuinfo(cpuinfo(base + " avx512_bf16", base + " avx512_bf16"));
+  const CpuBf16 both = cpu_bf16_from_cpuinfo(cpuinfo(base + " avx512_bf16 amx_bf16", base + " amx_bf16 avx512_bf16"));
+
+  DtypeChoice c = choose_auto_dtype("cuda", plain, false);
+  EXPECT_EQ(c.dtype, "bf16");
+  EXPECT_THAT(c.reason, HasSubstr("--device cuda"));
+  c = choose_auto_dtype("cpu", avx, true);
+  EXPECT_EQ(c.dtype, "bf16");
+  EXPECT_EQ(c.reason, "the CPU executes bf16 natively (avx512_bf16 in /proc/cpuinfo)");
+  c = choose_auto_dtype("cpu", both, true);
+  EXPECT_EQ(c.dtype, "bf16");
+  EXPECT_EQ(c.reason, "the CPU executes bf16 natively (avx512_bf16 and amx_bf16 in /proc/cpuinfo)");
+  c = choose_auto_dtype("cpu", plain, true);
+  EXPECT_EQ(c.dtype, "fp32");
+  EXPECT_THAT(c.reason, HasSubstr("no native bf16 (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo)"));
+  c = choose_auto_dtype("cpu", avx, /*libtorch_has_onednn=*/false);
+  EXPECT_EQ(c.dtype, "fp32");
+  EXPECT_THAT(c.reason, HasSubstr("without oneDNN"));
+}
+
+TEST(AutoDtype, ResolvesOnlyAutoAndSaysWhatItChose) {
+  for (const char* given : {"fp32", "bf16", "fp16"}) {
+    RunConfig c;
+    c.dtype = given;
+    ::testing::internal::CaptureStderr();
+    resolve_dtype(c);
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << given;
+    EXPECT_EQ(c.dtype, given);
+  }
+  RunConfig c;
+  c.dtype = "auto";
+  ::testing::internal::CaptureStderr();
+  resolve_dtype(c);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const DtypeChoice expected = choose_auto_dtype("cpu", detect_cpu_bf16(), at::hasMKLDNN());
+  EXPECT_EQ(c.dtype, expected.dtype);
+  EXPECT_THAT(log, HasSubstr("--dtype auto chose " + expected.dtype + ": " + expected.reason));
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
+}
+
+TEST(AutoDtype, CpuinfoAndCpuidAgreeOnThisMachine) {
+  // The fallback for systems without /proc/cpuinfo must read the same flags the kernel reports.
+  const CpuBf16 here = detect_cpu_bf16();
+  if (here.source != "/proc/cpuinfo") GTEST_SKIP() << "no /proc/cpuinfo flags on this machine";
+  const CpuBf16 cpuid = cpu_bf16_from_cpuid();
+  EXPECT_EQ(cpuid.source, "cpuid");
+  EXPECT_EQ(cpuid.avx512_bf16, here.avx512_bf16);
+  EXPECT_EQ(cpuid.amx_bf16, here.amx_bf16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Pipeline, ManifestCases, ::testing::ValuesIn(test::cases_of_kind("pipeline")),

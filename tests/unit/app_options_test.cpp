@@ -79,7 +79,7 @@ TEST_F(Options, MinimalCommandLineTakesTheDocumentedDefaults) {
   EXPECT_EQ(c.checkpoint_every, 1);
   EXPECT_EQ(c.resume, "");
   EXPECT_EQ(c.checkpoint_file(), "");
-  EXPECT_EQ(c.dtype, "fp32");
+  EXPECT_EQ(c.dtype, "auto");
   EXPECT_EQ(c.device, "cpu");
   EXPECT_EQ(c.threads, 0);
   EXPECT_EQ(c.balance, "compute");
@@ -129,9 +129,11 @@ TEST_F(Options, EveryOptionReachesTheRunConfig) {
   EXPECT_FALSE(c.was_given("resume"));
 }
 
-TEST_F(Options, DtypeDefaultsFollowTheDevice) {
-  EXPECT_EQ(parse(args({"--prompt", "x"})).dtype, "fp32");
-  EXPECT_EQ(parse(args({"--prompt", "x", "--device", "cuda"})).dtype, "bf16");
+TEST_F(Options, DtypeDefaultsToAutoOnEveryDevice) {
+  // "auto" is resolved by prepare_run (tests/unit/app_defaults_test.cpp, AutoDtype).
+  EXPECT_EQ(parse(args({"--prompt", "x"})).dtype, "auto");
+  EXPECT_EQ(parse(args({"--prompt", "x", "--device", "cuda"})).dtype, "auto");
+  EXPECT_EQ(parse(args({"--prompt", "x", "--dtype", "auto"})).dtype, "auto");
   EXPECT_EQ(parse(args({"--prompt", "x", "--device", "cuda", "--dtype", "fp32"})).dtype, "fp32");
   EXPECT_EQ(parse(args({"--prompt", "x", "--dtype", "bfloat16"})).dtype, "bf16");
   EXPECT_EQ(parse(args({"--prompt", "x", "--dtype", "float32"})).dtype, "fp32");
@@ -173,7 +175,7 @@ TEST_F(Options, NumericValidationNamesTheOptionAndTheValue) {
 
 TEST_F(Options, ChoicesListTheAllowedValues) {
   EXPECT_EQ(usage_error(args({"--prompt", "x", "--device", "gpu"})), "--device must be one of cpu, cuda, got 'gpu'");
-  EXPECT_EQ(usage_error(args({"--prompt", "x", "--dtype", "fp64"})), "--dtype must be one of fp32, bf16, fp16, got 'fp64'");
+  EXPECT_EQ(usage_error(args({"--prompt", "x", "--dtype", "fp64"})), "--dtype must be one of auto, fp32, bf16, fp16, got 'fp64'");
   EXPECT_EQ(usage_error(args({"--prompt", "x", "--balance", "speed"})),
             "--balance must be one of compute, memory, got 'speed'");
   EXPECT_EQ(usage_error(args({"--prompt", "x", "--log-level", "loud"})),

@@ -78,7 +78,7 @@ def main():
         os.makedirs(a.work, exist_ok=True)
         run([os.path.join(a.build, "tools", "make_tiny_model", "make-tiny-model"), "--out", model, "--preset", "bench"])
     base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(a.size), "--width", str(a.size),
-            "--steps", str(a.steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug",
+            "--steps", str(a.steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug", "--dtype", "fp32",
             "-o", os.path.join(a.work, "bench-{i}.png")]
 
     # The configurations take turns, repeat after repeat, so that a slow spell of the machine

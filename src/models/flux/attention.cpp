@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
+#include "models/flux/fused.h"
 
 namespace fluxmpi::flux {
 
@@ -60,11 +61,41 @@ at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return out.transpose(1, 2).reshape({B, N, H * Dh}).to(q.scalar_type());
 }
 
+namespace {
+
+// The joint attention input of the fused path: q, k [B, H, Ntot, Dh] and v stored transposed,
+// [B, H, Dh, Ntot] (the layout whose bf16 matmul accumulates in fp32, see nn::attention).
+struct JointQkv {
+  at::Tensor q, k, vt;
+  JointQkv(int64_t B, int64_t H, int64_t Ntot, int64_t Dh, const at::TensorOptions& o)
+      : q(at::empty({B, H, Ntot, Dh}, o)), k(at::empty({B, H, Ntot, Dh}, o)), vt(at::empty({B, H, Dh, Ntot}, o)) {}
+  // One stream's slice of a projection [B, N, 3 * H * Dh] (q | k | v) at rows row0 .. row0 + N.
+  void add(const at::Tensor& qkv, const nn::RMSNorm& nq, const nn::RMSNorm& nk, const RopeTables& rope, int64_t row0) {
+    const int64_t B = q.size(0), H = q.size(1), Dh = q.size(3), N = qkv.size(1), inner = H * Dh;
+    fused::rms_norm_rope_into(qkv.narrow(-1, 0, inner).view({B, N, H, Dh}), nq->weight, nq->eps, rope, row0, q);
+    fused::rms_norm_rope_into(qkv.narrow(-1, inner, inner).view({B, N, H, Dh}), nk->weight, nk->eps, rope, row0, k);
+    vt.transpose(2, 3).narrow(2, row0, N).copy_(qkv.narrow(-1, 2 * inner, inner).view({B, N, H, Dh}).transpose(1, 2));
+  }
+  void attend_into(at::Tensor& out) const { fused::attention_into(q, k, vt.transpose(2, 3), out); }
+};
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Tensor& txt, const at::Tensor& img,
                                                                    const RopeTables& rope) const {
   // txt: [B, S, D], img: [B, L, D]
   FLUX_CHECK(add_q_proj, "forward_joint on a single-stream attention");
-  const int64_t S = txt.size(1), L = img.size(1);
+  const int64_t B = txt.size(0), S = txt.size(1), L = img.size(1);
+  if (fused_weight_.defined() && fused_add_weight_.defined() && fused::applies(img)) {
+    // One pass per tensor from the projections to the attention input, no cat; the attention
+    // output lands in [B, S+L, H*Dh] directly.
+    JointQkv j(B, heads, S + L, head_dim, img.options());
+    j.add(at::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, rope, 0);
+    j.add(at::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, rope, S);
+    at::Tensor out = at::empty({B, S + L, heads * head_dim}, img.options());
+    j.attend_into(out);
+    return {to_add_out->forward(out.narrow(1, 0, S)), out_proj_->forward(out.narrow(1, S, L))};
+  }
   auto [iq, ik, iv] = project(img, /*text=*/false);
   auto [tq, tk, tv] = project(txt, /*text=*/true);
   at::Tensor out = rope_attention(at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({tv, iv}, 1), rope);
@@ -77,9 +108,30 @@ at::Tensor FluxAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, c
                                      const RopeTables& rope) const {
   // q, k, v: [B, N, D] projections of the joint stream
   const int64_t B = q.size(0), N = q.size(1);
+  if (fused::applies(q)) {
+    at::Tensor out = at::empty({B, N, heads * head_dim}, q.options());
+    attend_into(q, k, v, rope, out);
+    return out;
+  }
   at::Tensor qh = norm_q->forward(q.view({B, N, heads, head_dim}));
   at::Tensor kh = norm_k->forward(k.view({B, N, heads, head_dim}));
   return rope_attention(qh, kh, v.view({B, N, heads, head_dim}), rope);
+}
+
+void FluxAttentionImpl::attend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                                    at::Tensor out) const {
+  const int64_t B = q.size(0), N = q.size(1), inner = heads * head_dim;
+  nn::check_shape(out, {B, N, inner}, "attend_into out [B, N, H*Dh]");
+  if (!fused::applies(q)) {
+    out.copy_(attend(q, k, v, rope));
+    return;
+  }
+  JointQkv j(B, heads, N, head_dim, q.options());
+  const auto view = [&](const at::Tensor& t) { return t.view({B, N, heads, head_dim}); };
+  fused::rms_norm_rope_into(view(q), norm_q->weight, norm_q->eps, rope, 0, j.q);
+  fused::rms_norm_rope_into(view(k), norm_k->weight, norm_k->eps, rope, 0, j.k);
+  j.vt.transpose(2, 3).copy_(view(v).transpose(1, 2));
+  j.attend_into(out);
 }
 
 }  // namespace fluxmpi::flux

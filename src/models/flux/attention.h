@@ -5,6 +5,10 @@
 /// (add_*_proj, norm_added_*) and both output projections (to_out.0, to_add_out); the
 /// single-stream variant has no output projection (the block's proj_out follows).
 ///
+/// On the CPU in fp32 and bf16 the path from the projections to the attention output runs through
+/// the kernels of flux/fused.h (one pass per tensor, the scores one head at a time); elsewhere
+/// through the operators below (project, rope_attention), which are the reference semantics.
+///
 /// After loading, fuse() concatenates projections that read the same input into one matrix, so a
 /// forward does one matmul instead of three; the registered parameters stay (as views into the
 /// fused weight) so the module keeps the diffusers names.
@@ -27,6 +31,10 @@ class FluxAttentionImpl : public torch::nn::Module {
   /// Single-stream: given q, k, v already projected ([B, S+L, D] each) -> attention output
   /// [B, S+L, D] before any output projection.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope) const;
+  /// attend() written into `out` [B, S+L, H*Dh] (unit last stride; e.g. a column slice of a larger
+  /// buffer, so that no cat follows).
+  void attend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                   at::Tensor out) const;
 
   /// Builds the fused q|k|v weights of the image stream (and text stream when joint).
   void fuse();

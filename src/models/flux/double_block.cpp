@@ -41,11 +41,11 @@ std::pair<at::Tensor, at::Tensor> DoubleBlockImpl::forward(const at::Tensor& txt
   auto c = norm1_context->chunks(temb);
   auto [txt_attn, img_attn] = attn->forward_joint(modulate(txt, c[0], c[1]), modulate(img, m[0], m[1]), rope);
 
-  at::Tensor x = img + m[2].unsqueeze(1) * img_attn;
-  x = x + m[5].unsqueeze(1) * ff->forward(modulate(x, m[3], m[4]));
+  at::Tensor x = gated_residual(img, m[2], img_attn);
+  x = gated_residual(x, m[5], ff->forward(modulate(x, m[3], m[4])));
 
-  at::Tensor t = txt + c[2].unsqueeze(1) * txt_attn;
-  t = t + c[5].unsqueeze(1) * ff_context->forward(modulate(t, c[3], c[4]));
+  at::Tensor t = gated_residual(txt, c[2], txt_attn);
+  t = gated_residual(t, c[5], ff_context->forward(modulate(t, c[3], c[4])));
   return {clip_fp16(t), x};
 }
 

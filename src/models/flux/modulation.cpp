@@ -4,11 +4,16 @@ namespace fluxmpi::flux {
 
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
   at::Tensor normed = at::layer_norm(x, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, 1e-6);
-  return normed * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+  // normed * (1 + scale) + shift in one pass (in fp32 the same product and sum).
+  return at::addcmul(shift.unsqueeze(1), normed, 1 + scale.unsqueeze(1));
 }
 
 AdaNormImpl::AdaNormImpl(int64_t dim, int64_t chunks_) : num_chunks(chunks_) {
   linear = register_module("linear", nn::Linear(dim, chunks_ * dim));
+}
+
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+  return at::addcmul(x, gate.unsqueeze(1), y);
 }
 
 std::vector<at::Tensor> AdaNormImpl::chunks(const at::Tensor& temb) const {

@@ -14,6 +14,8 @@ namespace fluxmpi::flux {
 
 /// x: [B, L, D], shift/scale: [B, D] -> LayerNorm(x) * (1 + scale) + shift.
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
+/// x: [B, L, D], gate: [B, D], y: [B, L, D] -> x + gate * y (the blocks' gated residuals).
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);
 
 /// Holds `linear` (D -> chunks * D). chunks(temb) returns the `chunks` vectors [B, D] in the
 /// order of the linear's output.

@@ -2,6 +2,7 @@
 
 #include "models/common/tensor_utils.h"
 #include "models/flux/double_block.h"
+#include "models/flux/fused.h"
 
 namespace fluxmpi::flux {
 
@@ -22,6 +23,16 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
   auto m = norm->chunks(temb);  // shift, scale, gate
   at::Tensor h = modulate(x, m[0], m[1]);
   const int64_t inner = attn->heads * attn->head_dim;
+  if (fused_weight_.defined() && fused::applies(x)) {
+    // The attention output and GELU(mlp) are written side by side into proj_out's input: no cat.
+    at::Tensor all = at::linear(h, fused_weight_, fused_bias_);
+    at::Tensor both = at::empty({x.size(0), x.size(1), inner + mlp_dim}, x.options());
+    attn->attend_into(all.narrow(-1, 0, inner), all.narrow(-1, inner, inner), all.narrow(-1, 2 * inner, inner), rope,
+                      both.narrow(-1, 0, inner));
+    at::Tensor g = both.narrow(-1, inner, mlp_dim);
+    at::gelu_out(g, all.narrow(-1, 3 * inner, mlp_dim), "tanh");
+    return clip_fp16(gated_residual(x, m[2], proj_out->forward(both)));
+  }
   at::Tensor q, k, v, mlp;
   if (fused_weight_.defined()) {
     at::Tensor all = at::linear(h, fused_weight_, fused_bias_);
@@ -37,7 +48,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
   }
   at::Tensor attn_out = attn->attend(q, k, v, rope);
   at::Tensor y = proj_out->forward(at::cat({attn_out, nn::gelu_tanh(mlp)}, 2));
-  return clip_fp16(x + m[2].unsqueeze(1) * y);
+  return clip_fp16(gated_residual(x, m[2], y));
 }
 
 }  // namespace fluxmpi::flux

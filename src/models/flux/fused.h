@@ -1,0 +1,33 @@
+#pragma once
+/// CPU kernels for the memory-bound steps of the FLUX blocks that libtorch 1.13 runs as chains of
+/// small operators, each a full pass over the activations with its own allocation. Same
+/// arithmetic as the operator-by-operator formulation (diffusers'): in fp32 the same products and
+/// sums, in bf16 the same rounding to bf16 after each step that rounds there; only the order of
+/// the sums of RMSNorm's mean differs (within the fp32 parity tolerance). Used on the CPU for fp32
+/// and bf16 tensors (applies()); the model falls back to the operator formulation elsewhere.
+
+#include <ATen/ATen.h>
+
+#include "models/flux/rope.h"
+
+namespace fluxmpi::flux::fused {
+
+/// Whether the kernels handle tensors like `t`: CPU, fp32 or bf16.
+bool applies(const at::Tensor& t);
+
+/// q or k of one stream into the joint attention input: for x [B, N, H, Dh] (any strides with a
+/// unit last stride, e.g. a slice of the fused q|k|v projection), writes
+///   apply_rope(RMSNorm(x) * weight)          (RMSNormImpl::forward and apply_rope in one pass)
+/// into rows row0 .. row0 + N of out [B, H, Ntot, Dh] (contiguous, x's dtype), with the rope
+/// tables' rows row0 .. row0 + N.
+void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double eps, const RopeTables& rope, int64_t row0,
+                        at::Tensor& out);
+
+/// softmax(q k^T * scale) v per (batch, head): q, k [B, H, N, Dh] contiguous, v [B, H, N, Dh]
+/// (any strides), written into out [B, N, H*Dh] (any row stride, unit last stride), head h at
+/// columns h*Dh .. (h+1)*Dh; out may be a column slice of a larger buffer. fp32: one head's
+/// scores at a time ([N, N], reused), the scale applied by the matmul; bf16: batched over chunks
+/// of heads of at most nn::kAttentionChunkBytes of scores.
+void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out);
+
+}  // namespace fluxmpi::flux::fused
