@@ -87,6 +87,11 @@ const Spec kSpecs[] = {
     {"microbatch", 0, Group::Parallel, Kind::Integer, "N", "1",
      "images per transformer pass (1: bit-identical to one image at a time)", false},
     {"keep-encoders", 0, Group::Parallel, Kind::Flag, nullptr, nullptr, "keep the text encoders loaded on rank 0 after encoding", false},
+    {"patches", 0, Group::Parallel, Kind::Integer, "M", "1",
+     "patch pipelining: after the warm-up, each step's image flows through the ranks as M patches of latent rows, "
+     "attending to the previous step's keys/values of the patches not yet seen (approximate; 1 = exact)", false},
+    {"warmup-steps", 0, Group::Parallel, Kind::Integer, "W", "1",
+     "with --patches > 1: the first W steps of each image run exact and fill the key/value buffers", false},
 
     {"output", 'o', Group::Output, Kind::Text, "PATH", nullptr,
      "PNG file; {i} = image index, 5 digits (default: fluxmpi.png, or fluxmpi-{i}.png for several images)", false},
@@ -424,6 +429,8 @@ RunConfig validate(const Settings& s) {
   if (s.has("max-memory") && c.max_memory.empty()) s.fail("max-memory", "must not be empty (e.g. 0=16GiB,1=24GiB)");
   c.microbatch = *s.integer("microbatch", 1, kNoMax);
   c.keep_encoders = s.flag("keep-encoders");
+  c.patches = *s.integer("patches", 1, kMaxSteps);
+  c.warmup_steps = *s.integer("warmup-steps", 1, kMaxSteps);
   c.checkpoint_every = *s.integer("checkpoint-every", 1, kNoMax);
   c.no_progress = s.flag("no-progress");
   c.dry_run = s.flag("dry-run");

@@ -34,6 +34,8 @@ void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
     c.negative_prompt = a.negative_prompt;
   }
   if (!c.was_given("prompt-2") && c.prompts.empty() && a.prompt_2 != a.prompt) c.prompt_2 = a.prompt_2;
+  if (!c.was_given("patches")) c.patches = a.patches;
+  if (!c.was_given("warmup-steps")) c.warmup_steps = a.warmup_steps;
 }
 
 namespace {
@@ -52,6 +54,8 @@ ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, con
   a.true_cfg_scale = c.true_cfg_enabled() ? c.true_cfg : 1.0;
   a.max_sequence_length = *c.max_sequence_length;
   a.dtype = c.dtype;
+  a.patches = c.patches;
+  a.warmup_steps = c.warmup_steps;
   return a;
 }
 
@@ -128,6 +132,14 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   resolve_defaults(c, dir);
   const io::TransformerConfig& tc = dir.transformer_config();
   run.geometry = flux::latent_geometry(*c.height, *c.width, dir.vae_config().scale_factor(), tc.latent_channels());
+  // Patches are runs of whole rows of image tokens.
+  const int64_t token_rows = run.geometry.latent_height / 2;
+  if (c.patches > token_rows)
+    throw UsageError(str_cat("--patches ", c.patches, " exceeds the ", token_rows, " rows of image tokens of a ", run.geometry.width,
+                             "x", run.geometry.height, " image (a patch is at least one row)"));
+  if (c.patches > 1 && c.warmup_steps >= *c.steps)
+    log::warn("--warmup-steps ", c.warmup_steps, " >= --steps ", *c.steps, ": every step runs exact, --patches ",
+              c.patches, " changes nothing");
 
   // The job and where each image stands.
   if (!c.dry_run) {
@@ -146,6 +158,15 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
       p.decoded = s.status == ckpt::ImageStatus::Decoded;
       p.needs_encoding = s.status == ckpt::ImageStatus::Encoding;
       p.start_step = p.needs_encoding ? 0 : s.last_step + 1;
+    }
+    if (c.patches > 1) {
+      for (const ImageProgress& p : run.progress)
+        if (!p.decoded && p.start_step > 0 && p.start_step < *c.steps) {
+          log::info("resuming a patch-pipelined run (--patches ", c.patches, "): each image runs ", c.warmup_steps,
+                    " exact warm-up step(s) again from the step it resumes at, to refill the key/value buffers that "
+                    "checkpoints do not store; the result is deterministic but not bit-identical to an uninterrupted run");
+          break;
+        }
     }
   }
 
@@ -174,6 +195,16 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   request.microbatch = c.microbatch;
   request.keep_encoders = c.keep_encoders;
   request.attention_chunk_bytes = nn::kAttentionChunkBytes;
+  if (c.patches > 1 && c.warmup_steps < *c.steps) {
+    // Every image still to denoise keeps its buffers from its warm-up to its last step, and all
+    // of them are in flight together; a dry run counts the job its options describe.
+    int64_t images = 0;
+    if (c.dry_run) images = std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images;
+    for (const ImageProgress& p : run.progress) images += !p.decoded && p.start_step < *c.steps ? 1 : 0;
+    const int64_t passes = c.true_cfg_enabled() ? 2 : 1;
+    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) *
+                                                         tc.inner_dim() * request.dtype_bytes * passes * images);
+  }
   run.stages.emplace(parallel::StagePlan::make(request));
 
   if (c.dry_run) {
@@ -192,6 +223,8 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   plan.latent_height = run.geometry.latent_height;
   plan.latent_width = run.geometry.latent_width;
   plan.passes = c.true_cfg_enabled() ? 2 : 1;
+  plan.patches = c.patches;
+  plan.warmup_steps = c.warmup_steps;
   plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
   for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
   out.run = std::move(run);

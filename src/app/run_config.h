@@ -57,6 +57,9 @@ struct RunConfig {
   std::string max_memory;     ///< --max-memory, e.g. "0=16GiB,1=24GiB" (parsed by the partition planner)
   int64_t microbatch = 1;
   bool keep_encoders = false;
+  // Patch pipelining (pipeline/denoise.h): one image faster on more ranks, approximately.
+  int64_t patches = 1;        ///< --patches M: patches per pipelined step; 1 = every step exact
+  int64_t warmup_steps = 1;   ///< --warmup-steps W >= 1: exact steps before the pipelined ones
 
   // General.
   bool dry_run = false;

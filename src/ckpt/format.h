@@ -55,6 +55,9 @@ struct ImageAttributes {
   double true_cfg_scale = 1;
   int64_t max_sequence_length = 0;
   std::string dtype;                ///< run dtype: "fp32" | "bf16" | "fp16"
+  // Patch pipelining (--patches, --warmup-steps); files without these attributes read as 1, 1.
+  int64_t patches = 1;              ///< M; 1: every step exact
+  int64_t warmup_steps = 1;         ///< W
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
@@ -77,6 +80,7 @@ struct ImageShape {
   int64_t height = 0;
   int64_t width = 0;
   bool true_cfg = false;
+  bool patched = false;               ///< patches > 1: the image has `latents/exact`
 };
 
 /// Element type of a dataset, as stored.

@@ -51,35 +51,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const 
   return {q, k, v.view({B, N, heads, head_dim})};
 }
 
-at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope) {
+at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                          KvCache* kv) {
   // q, k, v: [B, N, H, Dh]
   const int64_t B = q.size(0), N = q.size(1), H = q.size(2), Dh = q.size(3);
   at::Tensor qr = apply_rope(q, rope).transpose(1, 2);
-  at::Tensor kr = apply_rope(k, rope).transpose(1, 2);
-  at::Tensor out = nn::attention(qr, kr, v.transpose(1, 2));  // [B, H, N, Dh]
+  at::Tensor kr = apply_rope(k, rope);
+  at::Tensor vr = v;
+  if (kv != nullptr) {
+    FLUX_CHECK(kv->offset >= 0 && kv->offset + N <= kv->k.size(1), "KV cache window [", kv->offset, ", ", kv->offset + N,
+               ") outside its ", kv->k.size(1), " rows");
+    // This call's own rows first: the window attends to its fresh keys, never to stale ones.
+    kv->k.narrow(1, kv->offset, N).copy_(kr);
+    kv->v.narrow(1, kv->offset, N).copy_(v);
+    // A window attends to the whole sequence; the whole sequence (an exact step filling the
+    // cache) attends to its own tensors, exactly as without a cache.
+    if (N < kv->k.size(1)) {
+      kr = kv->k;
+      vr = kv->v;
+    }
+  }
+  at::Tensor out = nn::attention(qr, kr.transpose(1, 2), vr.transpose(1, 2));  // [B, H, N, Dh]
   return out.transpose(1, 2).reshape({B, N, H * Dh}).to(q.scalar_type());
 }
 
 std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Tensor& txt, const at::Tensor& img,
-                                                                   const RopeTables& rope) const {
+                                                                   const RopeTables& rope, KvCache* kv) const {
   // txt: [B, S, D], img: [B, L, D]
   FLUX_CHECK(add_q_proj, "forward_joint on a single-stream attention");
   const int64_t S = txt.size(1), L = img.size(1);
   auto [iq, ik, iv] = project(img, /*text=*/false);
   auto [tq, tk, tv] = project(txt, /*text=*/true);
-  at::Tensor out = rope_attention(at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({tv, iv}, 1), rope);
+  at::Tensor out = rope_attention(at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({tv, iv}, 1), rope, kv);
   at::Tensor txt_out = to_add_out->forward(out.narrow(1, 0, S));
   at::Tensor img_out = out_proj_->forward(out.narrow(1, S, L));
   return {txt_out, img_out};
 }
 
 at::Tensor FluxAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const RopeTables& rope) const {
+                                     const RopeTables& rope, KvCache* kv) const {
   // q, k, v: [B, N, D] projections of the joint stream
   const int64_t B = q.size(0), N = q.size(1);
   at::Tensor qh = norm_q->forward(q.view({B, N, heads, head_dim}));
   at::Tensor kh = norm_k->forward(k.view({B, N, heads, head_dim}));
-  return rope_attention(qh, kh, v.view({B, N, heads, head_dim}), rope);
+  return rope_attention(qh, kh, v.view({B, N, heads, head_dim}), rope, kv);
 }
 
 }  // namespace fluxmpi::flux

@@ -16,7 +16,8 @@ void SingleBlockImpl::fuse() {
   std::tie(fused_weight_, fused_bias_) = nn::fuse_linears({attn->to_q, attn->to_k, attn->to_v, proj_mlp});
 }
 
-at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope) const {
+at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope,
+                                    KvCache* kv) const {
   // x: [B, N, D] with N = S + L, temb: [B, D]
   nn::check_shape(x, {temb.size(0), rope.cos.size(0), dim}, "single block x [B, S+L, D]");
   auto m = norm->chunks(temb);  // shift, scale, gate
@@ -35,7 +36,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
     v = attn->to_v->forward(h);
     mlp = proj_mlp->forward(h);
   }
-  at::Tensor attn_out = attn->attend(q, k, v, rope);
+  at::Tensor attn_out = attn->attend(q, k, v, rope, kv);
   at::Tensor y = proj_out->forward(at::cat({attn_out, nn::gelu_tanh(mlp)}, 2));
   return clip_fp16(x + m[2].unsqueeze(1) * y);
 }
