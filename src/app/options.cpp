@@ -108,6 +108,11 @@ const Spec kSpecs[] = {
      "decode in overlapping tiles, blended (less memory for large images; on by itself when --max-memory needs it)", false},
     {"vae-slicing", 0, Group::Parallel, Kind::Flag, nullptr, nullptr,
      "decode the images of a microbatch one at a time", false},
+    {"patches", 0, Group::Parallel, Kind::Integer, "M", "1",
+     "patch pipelining: after the warm-up, each step's image flows through the ranks as M patches of latent rows, "
+     "attending to the previous step's keys/values of the patches not yet seen (approximate; 1 = exact)", false},
+    {"warmup-steps", 0, Group::Parallel, Kind::Integer, "W", "1",
+     "with --patches > 1: the first W steps of each image run exact and fill the key/value buffers", false},
 
     {"output", 'o', Group::Output, Kind::Text, "PATH", nullptr,
      "PNG file; {i} = image index, 5 digits (default: fluxmpi.png, or fluxmpi-{i}.png for several images)", false},
@@ -510,6 +515,8 @@ RunConfig validate(const Settings& s) {
   c.keep_encoders = s.flag("keep-encoders");
   c.vae_tiling = s.flag("vae-tiling");
   c.vae_slicing = s.flag("vae-slicing");
+  c.patches = *s.integer("patches", 1, kMaxSteps);
+  c.warmup_steps = *s.integer("warmup-steps", 1, kMaxSteps);
   c.checkpoint_every = *s.integer("checkpoint-every", 1, kNoMax);
   c.no_progress = s.flag("no-progress");
   c.dry_run = s.flag("dry-run");

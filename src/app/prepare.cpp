@@ -48,6 +48,8 @@ void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
     c.negative_prompt = a.negative_prompt;
   }
   if (!c.was_given("prompt-2") && c.prompts.empty() && a.prompt_2 != a.prompt) c.prompt_2 = a.prompt_2;
+  if (!c.was_given("patches")) c.patches = a.patches;
+  if (!c.was_given("warmup-steps")) c.warmup_steps = a.warmup_steps;
 }
 
 namespace {
@@ -68,6 +70,8 @@ ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, con
   a.dtype = c.dtype;
   a.loras = c.loras;
   a.vae_tiling = 0;  // set once the plan has decided
+  a.patches = c.patches;
+  a.warmup_steps = c.warmup_steps;
   return a;
 }
 
@@ -181,6 +185,14 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   resolve_defaults(c, dir);
   const io::TransformerConfig& tc = dir.transformer_config();
   run.geometry = flux::latent_geometry(*c.height, *c.width, dir.vae_config().scale_factor(), tc.latent_channels());
+  // Patches are runs of whole rows of image tokens.
+  const int64_t token_rows = run.geometry.latent_height / 2;
+  if (c.patches > token_rows)
+    throw UsageError(str_cat("--patches ", c.patches, " exceeds the ", token_rows, " rows of image tokens of a ", run.geometry.width,
+                             "x", run.geometry.height, " image (a patch is at least one row)"));
+  if (c.patches > 1 && c.warmup_steps >= *c.steps)
+    log::warn("--warmup-steps ", c.warmup_steps, " >= --steps ", *c.steps, ": every step runs exact, --patches ",
+              c.patches, " changes nothing");
 
   // The job and where each image stands.
   if (!c.dry_run) {
@@ -205,6 +217,15 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
       p.decoded = s.status == ckpt::ImageStatus::Decoded;
       p.needs_encoding = s.status == ckpt::ImageStatus::Encoding;
       p.start_step = p.needs_encoding ? 0 : s.last_step + 1;
+    }
+    if (c.patches > 1) {
+      for (const ImageProgress& p : run.progress)
+        if (!p.decoded && p.start_step > 0 && p.start_step < *c.steps) {
+          log::info("resuming a patch-pipelined run (--patches ", c.patches, "): each image runs ", c.warmup_steps,
+                    " exact warm-up step(s) again from the step it resumes at, to refill the key/value buffers that "
+                    "checkpoints do not store; the result is deterministic but not bit-identical to an uninterrupted run");
+          break;
+        }
     }
   }
 
@@ -251,6 +272,16 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   request.latent_width = run.geometry.latent_width;
   request.vae_tiling = c.vae_tiling;
   request.vae_slicing = c.vae_slicing;
+  if (c.patches > 1 && c.warmup_steps < *c.steps) {
+    // Every image still to denoise keeps its buffers from its warm-up to its last step, and all
+    // of them are in flight together; a dry run counts the job its options describe.
+    int64_t images = 0;
+    if (c.dry_run) images = std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images;
+    for (const ImageProgress& p : run.progress) images += !p.decoded && p.start_step < *c.steps ? 1 : 0;
+    const int64_t passes = c.true_cfg_enabled() ? 2 : 1;
+    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) *
+                                                         tc.inner_dim() * request.dtype_bytes * passes * images);
+  }
   run.stages.emplace(parallel::StagePlan::make(request));
   if (run.stages->vae_tiling_auto())
     log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
@@ -276,6 +307,8 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   plan.latent_height = run.geometry.latent_height;
   plan.latent_width = run.geometry.latent_width;
   plan.passes = c.true_cfg_enabled() ? 2 : 1;
+  plan.patches = c.patches;
+  plan.warmup_steps = c.warmup_steps;
   plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
   plan.loras = c.loras;
   for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});

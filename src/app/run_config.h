@@ -66,6 +66,9 @@ struct RunConfig {
   bool keep_encoders = false;
   bool vae_tiling = false;    ///< --vae-tiling (the plan may also switch it on for a --max-memory budget)
   bool vae_slicing = false;   ///< --vae-slicing
+  // Patch pipelining (pipeline/denoise.h): one image faster on more ranks, approximately.
+  int64_t patches = 1;        ///< --patches M: patches per pipelined step; 1 = every step exact
+  int64_t warmup_steps = 1;   ///< --warmup-steps W >= 1: exact steps before the pipelined ones
 
   // General.
   bool dry_run = false;

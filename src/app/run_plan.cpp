@@ -21,6 +21,7 @@ std::string to_json(const RunPlan& p) {
   j["text_tokens"] = p.text_tokens;
   j["latent"] = {p.latent_height, p.latent_width};
   j["passes"] = p.passes;
+  j["patches"] = {p.patches, p.warmup_steps};
   j["groups"] = nlohmann::json::array();
   for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
   j["ranges"] = nlohmann::json::array();
@@ -48,6 +49,8 @@ RunPlan run_plan_from_json(const std::string& text) {
     p.latent_height = j.at("latent").at(0).get<int64_t>();
     p.latent_width = j.at("latent").at(1).get<int64_t>();
     p.passes = j.at("passes").get<int>();
+    p.patches = j.at("patches").at(0).get<int64_t>();
+    p.warmup_steps = j.at("patches").at(1).get<int64_t>();
     for (const auto& g : j.at("groups"))
       p.groups.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<int64_t>()});
     for (const auto& r : j.at("ranges")) p.ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});

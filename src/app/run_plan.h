@@ -24,6 +24,8 @@ struct RunPlan {
   int64_t text_tokens = 0;
   int64_t latent_height = 0, latent_width = 0;
   int passes = 1;
+  int64_t patches = 1;
+  int64_t warmup_steps = 1;
   std::vector<pipeline::WorkGroup> groups;
   std::vector<parallel::BlockRange> ranges;  ///< blocks of each rank
   std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns

@@ -117,9 +117,14 @@ ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pip
 // Rank 0 writes rows and reports progress after every step.
 class RootObserver : public pipeline::DenoiseObserver {
  public:
-  RootObserver(ckpt::CheckpointWriter* writer, int64_t steps, int64_t every, pipeline::Progress& progress)
-      : writer_(writer), steps_(steps), every_(every), progress_(progress) {}
+  RootObserver(ckpt::CheckpointWriter* writer, const pipeline::DenoiseSetup& setup, int64_t every,
+               pipeline::Progress& progress)
+      : writer_(writer), setup_(setup), steps_(setup.steps), every_(every), progress_(progress) {}
   void on_step(const pipeline::WorkGroup& g, int64_t step, const at::Tensor& latents, const at::Tensor& v) override {
+    if (writer_ != nullptr) {
+      // Before the row: its flush also covers the step's mode.
+      for (int64_t j = 0; j < g.count; ++j) writer_->write_step_mode(g.first_image + j, step, setup_.exact_step(g, step));
+    }
     if (writer_ != nullptr && keep_row(step, steps_, every_)) {
       for (int64_t j = 0; j < g.count; ++j) writer_->append_step(g.first_image + j, step, latents[j], v[j]);
     }
@@ -129,6 +134,7 @@ class RootObserver : public pipeline::DenoiseObserver {
 
  private:
   ckpt::CheckpointWriter* writer_;
+  const pipeline::DenoiseSetup& setup_;
   int64_t steps_, every_;
   pipeline::Progress& progress_;
 };
@@ -259,6 +265,8 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     setup.latent_height = plan.latent_height;
     setup.latent_width = plan.latent_width;
     setup.passes = plan.passes;
+    setup.patches = plan.patches;
+    setup.warmup_steps = plan.warmup_steps;
     setup.groups = plan.groups;
     setup.dtype = dtype;
     setup.device = device;
@@ -343,7 +351,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       state.groups.push_back(std::move(in));
     }
     pipeline::Progress progress(total, !c.no_progress);
-    RootObserver observer(writer ? &*writer : nullptr, plan.steps, c.checkpoint_every, progress);
+    RootObserver observer(writer ? &*writer : nullptr, setup, c.checkpoint_every, progress);
     state.observer = &observer;
     auto t_denoise = Clock::now();
     pipeline::denoise(setup, part, *stages, rank, messenger.get(), &state);

@@ -184,6 +184,10 @@ void CheckpointFile::validate_image(int64_t i) {
     a.loras = std::move(*loras);
   }
   a.vae_tiling = h5::has_attribute(g.get(), "vae_tiling") ? h5::read_int_attribute(g.get(), "vae_tiling", group_where) : 0;
+  // Patch pipelining came later: a file without these attributes ran every step exact.
+  a.patches = h5::has_attribute(g.get(), "patches") ? h5::read_int_attribute(g.get(), "patches", group_where) : 1;
+  a.warmup_steps =
+      h5::has_attribute(g.get(), "warmup_steps") ? h5::read_int_attribute(g.get(), "warmup_steps", group_where) : 1;
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

@@ -216,6 +216,8 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
     h5::write_attribute(g.get(), "dtype", a.dtype, where);
     h5::write_attribute(g.get(), "loras", io::loras_to_json(a.loras), where);
     h5::write_attribute(g.get(), "vae_tiling", a.vae_tiling, where);
+    h5::write_attribute(g.get(), "patches", a.patches, where);
+    h5::write_attribute(g.get(), "warmup_steps", a.warmup_steps, where);
 
     for (const DatasetSpec& spec : dataset_specs(shapes[i])) {
       const std::string name = image_object(static_cast<int64_t>(i), spec.name);
@@ -427,6 +429,24 @@ void CheckpointWriter::append_step(int64_t i, int64_t step, const at::Tensor& la
   m.flush();
   m.rows[i] = row + 1;
   m.last_step[i] = step;
+}
+
+void CheckpointWriter::write_step_mode(int64_t i, int64_t step, bool exact) {
+  Impl& m = impl();
+  m.check_image(i);
+  const ImageShape& s = m.file->shape(i);
+  if (!s.patched) return;
+  if (step < 0 || step >= s.steps)
+    throw InternalError(str_cat("checkpoint: ", image_group(i), ": write_step_mode(", step, ") of ", s.steps, " steps"));
+  const std::string w = m.where(i, "latents/exact");
+  Handle d = m.file->open_dataset(i, "latents/exact", Fault::Io);
+  Handle space = h5::space_handle(H5Dget_space(d.get()), Fault::Io, w);
+  hsize_t start = static_cast<hsize_t>(step), count = 1;
+  h5::check_status(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr), Fault::Io, w);
+  Handle mem = h5::space_handle(H5Screate_simple(1, &count, nullptr), Fault::Io, w);
+  const uint8_t value = exact ? 1 : 0;
+  h5::check_status(H5Dwrite(d.get(), H5T_NATIVE_UINT8, mem.get(), space.get(), H5P_DEFAULT, &value), Fault::Io,
+                   str_cat(w, ": step ", step, " cannot be written"));
 }
 
 void CheckpointWriter::set_status(int64_t i, ImageStatus status) {

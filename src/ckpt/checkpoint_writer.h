@@ -75,6 +75,9 @@ class CheckpointWriter {
   /// v_step, both [L_img, token_dim]), then commits it through last_step. `step` must exceed the
   /// last committed step and be below num_inference_steps.
   void append_step(int64_t image, int64_t step, const at::Tensor& latents, const at::Tensor& noise_pred);
+  /// Patch-pipelined images (patches > 1): records in `latents/exact` whether `step` ran exact;
+  /// written before the step's row, so the row's flush covers it. Nothing for other images.
+  void write_step_mode(int64_t image, int64_t step, bool exact);
   void set_status(int64_t image, ImageStatus status);
   /// The decoded picture; its size must be the image's height x width.
   void write_image(int64_t image, const io::RgbImage& pixels);

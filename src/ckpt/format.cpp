@@ -84,6 +84,8 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
   if (image.max_sequence_length <= 0)
     throw CheckpointError(str_cat(where, ": attribute 'max_sequence_length' must be positive, got ",
                                   image.max_sequence_length));
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"patches", image.patches}, {"warmup_steps", image.warmup_steps}})
+    if (v < 1) throw CheckpointError(str_cat(where, ": attribute '", name, "' must be positive, got ", v));
   ImageShape s;
   s.text_tokens = image.max_sequence_length;
   s.joint_attention_dim = config.joint_attention_dim;
@@ -97,6 +99,7 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
   s.height = image.height;
   s.width = image.width;
   s.true_cfg = uses_true_cfg(image);
+  s.patched = image.patches > 1;
   return s;
 }
 
@@ -131,6 +134,8 @@ std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
   specs.push_back({"latents/steps", T::Float32, {0, s.image_tokens, s.token_dim}, true});
   specs.push_back({"latents/noise_pred", T::Float32, {0, s.image_tokens, s.token_dim}, true});
   specs.push_back({"latents/step_index", T::Int32, {0}, true});
+  // Patch pipelining: 1 where the step ran exact (warm-up), 0 where it ran pipelined or not yet.
+  if (s.patched) specs.push_back({"latents/exact", T::UInt8, {s.steps}, false});
   specs.push_back({"image", T::UInt8, {s.height, s.width, 3}, false});
   return specs;
 }
@@ -216,6 +221,8 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
       d.field(w, scale.c_str(), s.loras[l].scale, r.loras[l].scale);
     }
     d.field(w, "vae_tiling", s.vae_tiling, r.vae_tiling);
+    d.field(w, "patches", s.patches, r.patches);
+    d.field(w, "warmup_steps", s.warmup_steps, r.warmup_steps);
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

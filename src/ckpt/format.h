@@ -68,6 +68,9 @@ struct ImageAttributes {
   /// the latent is larger than one tile): tiling changes the pixels. Files without the
   /// attribute read as 0.
   int64_t vae_tiling = 0;
+  // Patch pipelining (--patches, --warmup-steps); files without these attributes read as 1, 1.
+  int64_t patches = 1;              ///< M; 1: every step exact
+  int64_t warmup_steps = 1;         ///< W
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
@@ -90,6 +93,7 @@ struct ImageShape {
   int64_t height = 0;
   int64_t width = 0;
   bool true_cfg = false;
+  bool patched = false;               ///< patches > 1: the image has `latents/exact`
 };
 
 /// Element type of a dataset, as stored.

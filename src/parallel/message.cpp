@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 #include <exception>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -20,7 +21,7 @@ namespace fluxmpi::parallel {
 namespace {
 
 constexpr int64_t kMagic = 0x464c55584d5049;  // "FLUXMPI"
-constexpr int64_t kVersion = 1;
+constexpr int64_t kVersion = 2;  // 2: the patch word
 constexpr int kHeaderTag = 7101;
 constexpr int kPayloadTag = 7102;
 // MPI counts are int: payloads go in pieces of at most this many bytes.
@@ -94,12 +95,15 @@ MessageHeader MessageHeader::of(const MessageTag& tag, const std::vector<at::Ten
 
 std::string MessageHeader::describe() const {
   std::string s = str_cat(message_kind_name(tag.kind), "(image ", tag.image, ", step ", tag.step, ", pass ", tag.pass);
+  if (tag.patch >= 0) s += str_cat(", patch ", tag.patch);
   for (const TensorSpec& t : tensors) s += str_cat(", ", nn::dtype_label(t.dtype), " ", nn::shape_string(t.shape));
   return s + ")";
 }
 
 bool MessageHeader::operator==(const MessageHeader& o) const {
-  if (tag.kind != o.tag.kind || tag.image != o.tag.image || tag.step != o.tag.step || tag.pass != o.tag.pass) return false;
+  if (tag.kind != o.tag.kind || tag.image != o.tag.image || tag.step != o.tag.step || tag.pass != o.tag.pass ||
+      tag.patch != o.tag.patch)
+    return false;
   if (tensors.size() != o.tensors.size()) return false;
   for (size_t i = 0; i < tensors.size(); ++i)
     if (tensors[i].dtype != o.tensors[i].dtype || tensors[i].shape != o.tensors[i].shape) return false;
@@ -117,6 +121,7 @@ HeaderWords encode_header(const MessageHeader& h) {
   w[4] = h.tag.step;
   w[5] = h.tag.pass;
   w[6] = static_cast<int64_t>(h.tensors.size());
+  w[kHeaderPatchWord] = h.tag.patch;
   for (size_t i = 0; i < h.tensors.size(); ++i) {
     const TensorSpec& t = h.tensors[i];
     FLUX_CHECK(dtype_code(t.dtype) != 0, "message tensor ", i, " has dtype ", t.dtype, "; messages carry fp32, bf16 or fp16");
@@ -139,8 +144,11 @@ MessageHeader decode_header(const HeaderWords& w, int sender, int receiver) {
   if (!known_kind(w[2])) throw malformed(str_cat("unknown message kind ", w[2]));
   if (w[5] < 0 || w[5] > 1) throw malformed(str_cat("pass ", w[5], " (must be 0 or 1)"));
   if (w[6] < 1 || w[6] > kMaxMessageTensors) throw malformed(str_cat(w[6], " tensors (1 to ", kMaxMessageTensors, ")"));
+  const int64_t patch = w[kHeaderPatchWord];
+  if (patch < -1 || patch > std::numeric_limits<int32_t>::max())
+    throw malformed(str_cat("patch ", patch, " (must be -1 or a patch index)"));
   MessageHeader h;
-  h.tag = MessageTag{static_cast<MessageKind>(w[2]), w[3], w[4], static_cast<int32_t>(w[5])};
+  h.tag = MessageTag{static_cast<MessageKind>(w[2]), w[3], w[4], static_cast<int32_t>(w[5]), static_cast<int32_t>(patch)};
   for (int64_t i = 0; i < w[6]; ++i) {
     const int64_t* slot = &w[7 + i * (2 + kMaxTensorDims)];
     auto dtype = dtype_of_code(slot[0]);

@@ -1,6 +1,6 @@
 #pragma once
 /// Typed tensor messages between ranks (DESIGN.md §3). Every message is a fixed-size header
-/// (kind, image, step, pass, and dtype + shape of each tensor) followed by the tensors' bytes.
+/// (kind, image, step, pass, patch, and dtype + shape of each tensor) followed by the tensors' bytes.
 /// The receiver states what it expects; a header that differs is a CommError naming sender,
 /// receiver, expected and actual. Sends are non-blocking (MPI_Isend, buffers kept alive until
 /// completion, with wait/test to bound what is in flight); receives block (MPI_Recv).
@@ -38,6 +38,7 @@ struct MessageTag {
   int64_t image = 0;  ///< job-wide image index (of the first image of the microbatch)
   int64_t step = 0;
   int32_t pass = 0;   ///< 0 = conditional, 1 = negative prompt (true CFG)
+  int32_t patch = -1; ///< patch pipelining: the patch of the step (0..M-1); -1 = the whole sequence
 };
 
 struct TensorSpec {
@@ -52,7 +53,8 @@ struct MessageHeader {
 
   /// The header that describes sending `tensors` under `tag`.
   static MessageHeader of(const MessageTag& tag, const std::vector<at::Tensor>& tensors);
-  /// "JointStream(image 3, step 5, pass 0, bf16 [1, 4608, 3072], bf16 [1, 3072])"
+  /// "JointStream(image 3, step 5, pass 0, bf16 [1, 4608, 3072], bf16 [1, 3072])"; a patch's
+  /// message names it after the pass: "JointStream(image 3, step 5, pass 0, patch 2, ...)".
   std::string describe() const;
   bool operator==(const MessageHeader& other) const;
   bool operator!=(const MessageHeader& other) const { return !(*this == other); }
@@ -62,8 +64,9 @@ struct MessageHeader {
 inline constexpr int kMaxMessageTensors = 8;
 inline constexpr int kMaxTensorDims = 6;
 /// Header layout, in int64 words: magic, version, kind, image, step, pass, count, then per
-/// tensor dtype, rank (number of dims) and kMaxTensorDims sizes.
-inline constexpr int kHeaderWords = 7 + kMaxMessageTensors * (2 + kMaxTensorDims);
+/// tensor dtype, rank (number of dims) and kMaxTensorDims sizes, then the patch (version 2).
+inline constexpr int kHeaderWords = 7 + kMaxMessageTensors * (2 + kMaxTensorDims) + 1;
+inline constexpr int kHeaderPatchWord = kHeaderWords - 1;
 using HeaderWords = std::array<int64_t, kHeaderWords>;
 
 /// The wire form of a header. InternalError for a header fluxmpi must never send (more tensors

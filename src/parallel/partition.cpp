@@ -158,7 +158,8 @@ class CostModel {
     // Rank 0 keeps its slice while it decodes: later images are still in the pipeline then.
     const uint64_t resident =
         kRuntimeBaselineBytes + e.weight_bytes + (rank == 0 && r_.keep_encoders ? encoder_weight_bytes_ : 0);
-    e.denoise_bytes = resident + activation_bytes_;
+    e.kv_cache_bytes = static_cast<uint64_t>(last - first + 1) * r_.kv_cache_block_bytes;
+    e.denoise_bytes = resident + activation_bytes_ + e.kv_cache_bytes;
     e.peak_bytes = e.denoise_bytes;
     if (rank == 0) {
       e.job_bytes = job_bytes_;
@@ -713,6 +714,13 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
                         " (text embeddings and latents) = ", format_bytes(model.job_bytes()), "; activations per rank ",
                         format_bytes(model.activation_bytes()), " (microbatch ", r.microbatch, ")\n");
     plan.footer_ = stages;
+  }
+  if (r.kv_cache_block_bytes > 0) {
+    std::string kv = str_cat("patch pipelining: key/value buffers ", format_bytes(r.kv_cache_block_bytes),
+                             " per block (in the peaks):");
+    for (int rank = 0; rank < P; ++rank)
+      kv += str_cat(rank ? "," : "", " rank ", rank, " ", format_bytes(plan.estimates_[rank].kv_cache_bytes));
+    plan.footer_ += kv + "\n";
   }
   return plan;
 }

@@ -115,7 +115,8 @@ struct StageEstimate {
   double step_flops = 0;          ///< transformer FLOPs of this rank in one step (one microbatch)
   double flops_share = 0;         ///< step_flops / the whole transformer's
   uint64_t activation_bytes = 0;  ///< transformer working set (streams, messages, MLP, scores, RoPE)
-  uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations
+  uint64_t kv_cache_bytes = 0;    ///< patch pipelining: the key/value buffers of this rank's blocks
+  uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations + KV buffers
   uint64_t encode_bytes = 0;      ///< rank 0 while encoding prompts; 0 elsewhere
   uint64_t decode_bytes = 0;      ///< rank 0 while decoding latents; 0 elsewhere
   uint64_t job_bytes = 0;         ///< rank 0: per-image buffers of the whole job (text embeddings, latents)
@@ -150,6 +151,10 @@ struct PlanRequest {
   /// that this file stays free of libtorch). 0: the scores of all heads at once (no chunking) —
   /// an upper bound, enough for callers that need only the slices.
   int64_t attention_chunk_bytes = 0;
+  /// Patch pipelining (--patches > 1): bytes of the key/value buffers of one block, over every
+  /// image and pass in flight (2 x (text + image tokens) x width x dtype bytes each); 0 = none.
+  /// Held during denoising on the rank that runs the block, freed before decoding.
+  uint64_t kv_cache_block_bytes = 0;
 };
 
 /// Which blocks each rank runs, and what each rank is estimated to hold. Rank 0 owns the

@@ -6,6 +6,19 @@
 #include "models/flux/latents.h"
 
 namespace fluxmpi::pipeline {
+
+std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches) {
+  FLUX_CHECK(patches >= 1 && patches <= rows, patches, " patches of ", rows, " token rows");
+  std::vector<TokenRange> out;
+  int64_t row = 0;
+  for (int64_t p = 0; p < patches; ++p) {
+    const int64_t n = rows / patches + (p < rows % patches ? 1 : 0);
+    out.push_back({row * cols, n * cols});
+    row += n;
+  }
+  return out;
+}
+
 namespace {
 
 using parallel::MessageKind;
@@ -20,29 +33,55 @@ std::vector<at::Tensor> pack_state(const flux::StreamState& s) {
   return {s.txt.contiguous(), s.img.contiguous(), s.temb.contiguous()};
 }
 
+// One unit of work of a group's step: the whole sequence (an exact step), or one patch.
+struct Unit {
+  int32_t patch = -1;  // -1: the whole sequence
+  int64_t text = 0;    // text tokens it carries: all of them with the whole sequence or patch 0
+  TokenRange image;    // its image tokens
+  // Where its first token sits in the joint sequence [text; image].
+  int64_t offset(int64_t text_tokens) const { return text > 0 ? 0 : text_tokens + image.first; }
+  int64_t tokens() const { return text + image.count; }
+};
+
 class Worker {
  public:
   Worker(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
          parallel::Messenger* messenger)
       : setup_(setup), part_(part), plan_(plan), rank_(rank), P_(plan.world_size()), messenger_(messenger) {
     FLUX_CHECK(P_ == 1 || messenger_ != nullptr, "a messenger is needed with ", P_, " ranks");
+    FLUX_CHECK(setup.patches >= 1 && setup.warmup_steps >= 1, "patches ", setup.patches, ", warm-up steps ",
+               setup.warmup_steps);
     const int64_t S = setup.text_tokens;
     rope_ = part->rope(flux::text_position_ids(S).to(setup.device),
                        flux::image_position_ids(setup.latent_height, setup.latent_width).to(setup.device));
     rope_.cos = rope_.cos.to(setup.device);
     rope_.sin = rope_.sin.to(setup.device);
+    if (setup.patches > 1) {
+      const auto ranges = patch_ranges(setup.latent_height / 2, setup.latent_width / 2, setup.patches);
+      for (size_t p = 0; p < ranges.size(); ++p)
+        patch_units_.push_back(Unit{static_cast<int32_t>(p), p == 0 ? S : 0, ranges[p]});
+    }
+    kv_.resize(setup.groups.size());
+    step_v_.resize(setup.groups.size());
+    for (auto& passes : kv_) passes.resize(static_cast<size_t>(setup.passes));
+  }
+
+  // The units of a group's step, in the order they flow.
+  std::vector<Unit> units(const WorkGroup& g, int64_t step) const {
+    if (setup_.exact_step(g, step)) return {Unit{-1, setup_.text_tokens, TokenRange{0, setup_.image_tokens()}}};
+    return patch_units_;
   }
 
   // Receives the stream state of one unit from the previous rank.
-  flux::StreamState receive_state(const WorkGroup& g, int64_t step, int pass) {
+  flux::StreamState receive_state(const WorkGroup& g, int64_t step, int pass, const Unit& u) {
     const auto& prev = plan_.blocks(rank_ - 1);
     const bool joint = !prev.ends_in_double();
-    const int64_t m = g.count, S = setup_.text_tokens, L = setup_.image_tokens(), D = part_->config().inner_dim();
+    const int64_t m = g.count, S = u.text, L = u.image.count, D = part_->config().inner_dim();
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
     std::vector<at::Tensor> buffers;
     if (joint) buffers = {at::empty({m, S + L, D}, opts), at::empty({m, D}, opts)};
     else buffers = {at::empty({m, S, D}, opts), at::empty({m, L, D}, opts), at::empty({m, D}, opts)};
-    messenger_->recv_into(rank_ - 1, MessageTag{kind_of(joint), g.first_image, step, pass}, buffers);
+    messenger_->recv_into(rank_ - 1, MessageTag{kind_of(joint), g.first_image, step, pass, u.patch}, buffers);
     flux::StreamState s;
     s.text_len = S;
     if (joint) {
@@ -56,32 +95,39 @@ class Worker {
     return s;
   }
 
-  void send_state(const flux::StreamState& s, const WorkGroup& g, int64_t step, int pass) {
-    // A Header fault labels the message with a step the receiver does not expect.
-    const int64_t label = setup_.fault.kind == Fault::Kind::Header && setup_.fault.fires(rank_, step) ? step + 1000 : step;
-    messenger_->send(rank_ + 1, MessageTag{kind_of(s.is_joint()), g.first_image, label, pass}, pack_state(s));
+  void send_state(const flux::StreamState& s, const WorkGroup& g, int64_t step, int pass, const Unit& u) {
+    // A Header fault labels the message with a step the receiver does not expect, a Patch fault
+    // (in a pipelined step) with the next patch.
+    const bool fire = setup_.fault.fires(rank_, step);
+    const int64_t label = fire && setup_.fault.kind == Fault::Kind::Header ? step + 1000 : step;
+    const int32_t patch = fire && setup_.fault.kind == Fault::Kind::Patch && u.patch >= 0 ? u.patch + 1 : u.patch;
+    messenger_->send(rank_ + 1, MessageTag{kind_of(s.is_joint()), g.first_image, label, pass, patch}, pack_state(s));
   }
 
-  at::Tensor receive_noise_pred(const WorkGroup& g, int64_t step, int pass) {
+  at::Tensor receive_noise_pred(const WorkGroup& g, int64_t step, int pass, const Unit& u) {
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
-    std::vector<at::Tensor> buffers = {at::empty({g.count, setup_.image_tokens(), part_->config().out_channels}, opts)};
-    messenger_->recv_into(P_ - 1, MessageTag{MessageKind::NoisePred, g.first_image, step, pass}, buffers);
+    std::vector<at::Tensor> buffers = {at::empty({g.count, u.image.count, part_->config().out_channels}, opts)};
+    messenger_->recv_into(P_ - 1, MessageTag{MessageKind::NoisePred, g.first_image, step, pass, u.patch}, buffers);
     return buffers[0];
   }
 
   // Ranks 1..P-1: every unit in the order rank 0 sends them.
   void run_downstream() {
     for (int64_t step = 0; step < setup_.steps; ++step) {
-      for (const WorkGroup& g : setup_.groups) {
+      for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
+        const WorkGroup& g = setup_.groups[gi];
         if (step < g.start_step) continue;
-        for (int pass = 0; pass < setup_.passes; ++pass) {
-          trigger(setup_.fault, rank_, step);
-          flux::StreamState s = receive_state(g, step, pass);
-          part_->run_blocks(s, rope_);
-          if (rank_ + 1 < P_) {
-            send_state(s, g, step, pass);
-          } else {
-            messenger_->send(0, MessageTag{MessageKind::NoisePred, g.first_image, step, pass}, {part_->final_layer(s).contiguous()});
+        for (const Unit& u : units(g, step)) {
+          for (int pass = 0; pass < setup_.passes; ++pass) {
+            trigger(setup_.fault, rank_, step);
+            flux::StreamState s = receive_state(g, step, pass, u);
+            run_blocks(s, gi, step, pass, u);
+            if (rank_ + 1 < P_) {
+              send_state(s, g, step, pass, u);
+            } else {
+              messenger_->send(0, MessageTag{MessageKind::NoisePred, g.first_image, step, pass, u.patch},
+                               {part_->final_layer(s).contiguous()});
+            }
           }
         }
       }
@@ -96,42 +142,84 @@ class Worker {
       for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
         const WorkGroup& g = setup_.groups[gi];
         if (step < g.start_step) continue;
-        // Steady state: this group's previous step is back from the last rank.
-        if (P_ > 1 && step > g.start_step) finish_step(root, gi, step - 1, collect(g, step - 1));
-        std::vector<at::Tensor> local;
-        for (int pass = 0; pass < setup_.passes; ++pass) {
-          trigger(setup_.fault, rank_, step);
-          flux::StreamState s = part_->embed(inputs(root, gi, step, pass));
-          part_->run_blocks(s, rope_);
-          if (P_ == 1) local.push_back(part_->final_layer(s));
-          else send_state(s, g, step, pass);
+        const std::vector<Unit> us = units(g, step);
+        for (size_t ui = 0; ui < us.size(); ++ui) {
+          // Steady state: what this unit needs of the group's previous step is back from the last rank.
+          if (P_ > 1 && step > g.start_step) collect_previous(root, gi, step, ui);
+          std::vector<at::Tensor> local;
+          for (int pass = 0; pass < setup_.passes; ++pass) {
+            trigger(setup_.fault, rank_, step);
+            flux::StreamState s = part_->embed(inputs(root, gi, step, pass, us[ui]));
+            run_blocks(s, gi, step, pass, us[ui]);
+            if (P_ == 1) local.push_back(part_->final_layer(s));
+            else send_state(s, g, step, pass, us[ui]);
+          }
+          if (P_ == 1) finish_unit(root, gi, step, us[ui], local);
         }
-        if (P_ == 1) finish_step(root, gi, step, local);
       }
     }
     // Drain: the last step of every group.
     if (P_ > 1) {
       for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
         const WorkGroup& g = setup_.groups[gi];
-        if (g.start_step < setup_.steps) finish_step(root, gi, setup_.steps - 1, collect(g, setup_.steps - 1));
+        if (g.start_step >= setup_.steps) continue;
+        for (const Unit& u : units(g, setup_.steps - 1)) finish_unit(root, gi, setup_.steps - 1, u, collect(g, setup_.steps - 1, u));
       }
       messenger_->wait_all();
     }
   }
 
  private:
-  std::vector<at::Tensor> collect(const WorkGroup& g, int64_t step) {
+  // Rank 0, before unit `ui` of `step`: the previous step's unit of the same rows when both steps
+  // have the same units, else (the first pipelined step after the warm-up) all of it at once.
+  void collect_previous(RootState& root, size_t gi, int64_t step, size_t ui) {
+    const WorkGroup& g = setup_.groups[gi];
+    const std::vector<Unit> prev = units(g, step - 1);
+    if (prev.size() == units(g, step).size()) {
+      finish_unit(root, gi, step - 1, prev[ui], collect(g, step - 1, prev[ui]));
+    } else if (ui == 0) {
+      for (const Unit& u : prev) finish_unit(root, gi, step - 1, u, collect(g, step - 1, u));
+    }
+  }
+
+  std::vector<at::Tensor> collect(const WorkGroup& g, int64_t step, const Unit& u) {
     std::vector<at::Tensor> v;
-    for (int pass = 0; pass < setup_.passes; ++pass) v.push_back(receive_noise_pred(g, step, pass));
+    for (int pass = 0; pass < setup_.passes; ++pass) v.push_back(receive_noise_pred(g, step, pass, u));
     return v;
   }
 
-  flux::TransformerInputs inputs(const RootState& root, size_t gi, int64_t step, int pass) const {
+  // This rank's blocks on one unit, with the key/value caches when the step is pipelined or the
+  // next one will be (an exact step fills them).
+  void run_blocks(flux::StreamState& s, size_t gi, int64_t step, int pass, const Unit& u) {
+    const WorkGroup& g = setup_.groups[gi];
+    const bool pipelined = u.patch >= 0;
+    const bool fills = !pipelined && step + 1 < setup_.steps && !setup_.exact_step(g, step + 1);
+    if (!pipelined && !fills) {
+      part_->run_blocks(s, rope_);
+      return;
+    }
+    std::vector<flux::KvCache>& kv = kv_[gi][static_cast<size_t>(pass)];
+    if (kv.empty()) {
+      FLUX_CHECK(fills, "patch ", u.patch, " of step ", step, " without a warm-up step before it");
+      kv = part_->kv_caches(g.count, setup_.text_tokens + setup_.image_tokens(),
+                            at::TensorOptions().dtype(setup_.dtype).device(setup_.device));
+    }
+    const int64_t offset = u.offset(setup_.text_tokens);
+    for (flux::KvCache& c : kv) c.offset = offset;
+    flux::RopeTables rope = rope_;
+    if (pipelined) rope = {rope_.cos.narrow(0, offset, u.tokens()), rope_.sin.narrow(0, offset, u.tokens())};
+    part_->run_blocks(s, rope, {}, &kv);
+    // The group's last unit of its last step: its caches are not needed any more.
+    if (step == setup_.steps - 1 && u.patch == static_cast<int32_t>(setup_.patches) - 1) kv.clear();
+  }
+
+  flux::TransformerInputs inputs(const RootState& root, size_t gi, int64_t step, int pass, const Unit& u) const {
     const GroupInputs& in = root.groups[gi];
     const int64_t m = setup_.groups[gi].count;
     flux::TransformerInputs t;
-    t.latents = in.latents;
+    t.latents = u.patch < 0 ? in.latents : in.latents.narrow(1, u.image.first, u.image.count).contiguous();
     t.text = pass == 0 ? in.text : in.neg_text;
+    if (u.text == 0) t.text = t.text.narrow(1, 0, 0);  // the text travels with patch 0
     t.pooled = pass == 0 ? in.pooled : in.neg_pooled;
     // FluxPipeline: t.expand(n).to(latents.dtype), passed as timestep / 1000.
     auto f32 = at::TensorOptions().dtype(at::kFloat).device(setup_.device);
@@ -140,14 +228,30 @@ class Worker {
     return t;
   }
 
-  void finish_step(RootState& root, size_t gi, int64_t step, const std::vector<at::Tensor>& v_passes) {
+  // Rank 0: the scheduler step of one unit's rows; the observer hears of the step once all of
+  // its rows have moved.
+  void finish_unit(RootState& root, size_t gi, int64_t step, const Unit& u, const std::vector<at::Tensor>& v_passes) {
     at::Tensor v = v_passes[0];
     // True CFG as FluxPipeline: neg + scale * (cond - neg).
     if (v_passes.size() == 2) v = v_passes[1] + root.true_cfg_scale * (v_passes[0] - v_passes[1]);
     GroupInputs& in = root.groups[gi];
-    in.latents = sched::euler_step(in.latents, v, root.schedule.sigmas[static_cast<size_t>(step)],
-                                   root.schedule.sigmas[static_cast<size_t>(step) + 1]);
-    if (root.observer) root.observer->on_step(setup_.groups[gi], step, in.latents, v);
+    const float sigma = root.schedule.sigmas[static_cast<size_t>(step)];
+    const float sigma_next = root.schedule.sigmas[static_cast<size_t>(step) + 1];
+    if (u.patch < 0) {
+      in.latents = sched::euler_step(in.latents, v, sigma, sigma_next);
+      if (root.observer) root.observer->on_step(setup_.groups[gi], step, in.latents, v);
+      return;
+    }
+    if (u.patch == 0) {
+      // Rows are updated in place from here on: the caller's tensors stay untouched.
+      in.latents = in.latents.clone();
+      step_v_[gi] = at::empty({in.latents.size(0), setup_.image_tokens(), v.size(2)}, v.options());
+    }
+    at::Tensor rows = in.latents.narrow(1, u.image.first, u.image.count);
+    rows.copy_(sched::euler_step(rows, v, sigma, sigma_next));
+    step_v_[gi].narrow(1, u.image.first, u.image.count).copy_(v);
+    if (u.patch == static_cast<int32_t>(setup_.patches) - 1 && root.observer)
+      root.observer->on_step(setup_.groups[gi], step, in.latents, step_v_[gi]);
   }
 
   const DenoiseSetup& setup_;
@@ -156,6 +260,9 @@ class Worker {
   int rank_, P_;
   parallel::Messenger* messenger_;
   flux::RopeTables rope_;
+  std::vector<Unit> patch_units_;                             // the M patches of a pipelined step
+  std::vector<std::vector<std::vector<flux::KvCache>>> kv_;  // [group][pass][block held]
+  std::vector<at::Tensor> step_v_;                            // rank 0, per group: v of the pipelined step being finished
 };
 
 }  // namespace

@@ -11,6 +11,17 @@
 /// previous step only when it comes back to that group, so while the other ranks work on group g
 /// it embeds and runs groups g+1, g+2, ... (with at least P groups every rank is busy in the
 /// steady state). Every group is computed alone, so results do not depend on P nor on the order.
+///
+/// Patch pipelining (PipeFusion; `patches` M > 1): a group's first `warmup_steps` W steps (from
+/// its start step) run exact as above and fill each rank's per-block key/value caches
+/// (flux::KvCache, one per block, group and pass); every later step cuts the image tokens into M
+/// patches of latent rows that follow each other through the ranks as units of work, so that
+/// rank 0 embeds patch p+1 while rank 1 runs patch p, and patch p of step k+1 starts as soon as
+/// patch p of step k is back. In each attention layer patch p attends to the whole sequence: the
+/// keys/values of patches < p from this step, of patches > p from the previous one (still in the
+/// cache), its own fresh ones (written before it attends). The text tokens travel with patch 0,
+/// so every image patch sees this step's text keys/values. Which keys/values are fresh depends on
+/// the patch order alone, never on P, the partition or the timing.
 
 #include <ATen/ATen.h>
 
@@ -32,18 +43,35 @@ struct WorkGroup {
   int64_t start_step = 0;  ///< first step still to run (> 0 for a resumed image)
 };
 
+/// A contiguous run of image tokens.
+struct TokenRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+/// The image tokens of `patches` patches of a (rows x cols) token grid: contiguous runs of whole
+/// rows, as equal as the rows allow (the first rows % patches patches get one row more).
+std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches);
+
 /// What every rank knows of the job: the shape of every message and the order of the work.
 struct DenoiseSetup {
   int64_t steps = 0;        ///< N
   int64_t text_tokens = 0;  ///< S
   int64_t latent_height = 0, latent_width = 0;
   int passes = 1;           ///< 2 with true CFG (conditional, then negative prompt)
+  int64_t patches = 1;       ///< M: patches per pipelined step; 1 = every step exact
+  int64_t warmup_steps = 1;  ///< W >= 1: exact steps at the start of each group's run
   std::vector<WorkGroup> groups;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
   Fault fault;  ///< reliability tests only (FLUXMPI_FAULT)
 
   int64_t image_tokens() const { return (latent_height / 2) * (latent_width / 2); }
+  /// Whether `step` of `group` runs exact (the whole sequence at once): always with one patch,
+  /// else during the group's first W steps from its start step (a resumed group warms up again).
+  bool exact_step(const WorkGroup& group, int64_t step) const {
+    return patches <= 1 || step < group.start_step + warmup_steps;
+  }
 };
 
 /// Rank 0's inputs of one group, on the rank's device, in the run dtype.

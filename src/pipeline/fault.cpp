@@ -10,12 +10,15 @@
 namespace fluxmpi::pipeline {
 
 Fault Fault::parse(const std::string& text) {
-  static const std::regex re(R"(^(throw|kill|header)@(\d+):(\d+)$)");
+  static const std::regex re(R"(^(throw|kill|header|patch)@(\d+):(\d+)$)");
   std::smatch m;
   if (!std::regex_match(text, m, re))
-    throw UsageError(str_cat("FLUXMPI_FAULT must be <throw|kill|header>@<rank>:<step>, got '", text, "'"));
+    throw UsageError(str_cat("FLUXMPI_FAULT must be <throw|kill|header|patch>@<rank>:<step>, got '", text, "'"));
   Fault f;
-  f.kind = m[1] == "throw" ? Kind::Throw : m[1] == "kill" ? Kind::Kill : Kind::Header;
+  f.kind = m[1] == "throw"  ? Kind::Throw
+           : m[1] == "kill" ? Kind::Kill
+           : m[1] == "header" ? Kind::Header
+                              : Kind::Patch;
   f.rank = std::stoi(m[2]);
   f.step = std::stoll(m[3]);
   return f;

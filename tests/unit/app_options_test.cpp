@@ -86,6 +86,8 @@ TEST_F(Options, MinimalCommandLineTakesTheDocumentedDefaults) {
   EXPECT_EQ(c.partition, "");
   EXPECT_EQ(c.max_memory, "");
   EXPECT_EQ(c.microbatch, 1);
+  EXPECT_EQ(c.patches, 1);
+  EXPECT_EQ(c.warmup_steps, 1);
   EXPECT_FALSE(c.keep_encoders);
   EXPECT_FALSE(c.dry_run);
   EXPECT_FALSE(c.no_progress);
@@ -162,6 +164,8 @@ TEST_F(Options, NumericValidationNamesTheOptionAndTheValue) {
   EXPECT_EQ(err({"--num-images", "100001"}), "--num-images must be at most 100000, got 100001");
   EXPECT_EQ(err({"--num-images", "0"}), "--num-images must be positive, got 0");
   EXPECT_EQ(err({"--microbatch", "0"}), "--microbatch must be positive, got 0");
+  EXPECT_EQ(err({"--patches", "0"}), "--patches must be positive, got 0");
+  EXPECT_EQ(err({"--warmup-steps", "0"}), "--warmup-steps must be positive, got 0");
   EXPECT_EQ(err({"--checkpoint-every", "0"}), "--checkpoint-every must be positive, got 0");
   EXPECT_EQ(err({"--threads=-1"}), "--threads must not be negative, got -1");
   EXPECT_EQ(err({"--max-sequence-length", "0"}), "--max-sequence-length must be positive, got 0");
@@ -397,7 +401,7 @@ TEST_F(Options, HelpListsEveryOptionWithItsDefault) {
                            "--num-images", "--seed", "--height", "--width", "--steps", "--guidance",
                            "--max-sequence-length", "--output", "--checkpoint", "--checkpoint-every", "--resume", "--dtype",
                            "--device", "--threads", "--balance", "--partition", "--max-memory", "--microbatch",
-                           "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
+                           "--patches", "--warmup-steps", "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
                            "--lora"})
     EXPECT_THAT(r.text, HasSubstr(name));
   for (const char* group : {"Model options", "Sampling options", "Parallel options", "Output options", "General options"})

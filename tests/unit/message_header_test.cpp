@@ -35,6 +35,10 @@ TEST(MessageHeader, RoundTripsThroughTheWireForm) {
                  TensorSpec{dtype, {}}, TensorSpec{dtype, {1, 2, 3, 4, 5, 6}}};
     const MessageHeader back = decode_header(encode_header(h), 0, 1);
     EXPECT_EQ(back, h) << back.describe() << " vs " << h.describe();
+    h.tag.patch = 7;  // a patch of a pipelined step
+    const MessageHeader patched = decode_header(encode_header(h), 0, 1);
+    EXPECT_EQ(patched, h) << patched.describe() << " vs " << h.describe();
+    EXPECT_EQ(patched.tag.patch, 7);
   }
 }
 
@@ -45,6 +49,9 @@ TEST(MessageHeader, Describes) {
   v.tensors = {TensorSpec{at::kFloat, {1, 4096, 64}}};
   EXPECT_EQ(v.describe(), "NoisePred(image 0, step 27, pass 1, fp32 [1, 4096, 64])");
   EXPECT_EQ(TensorSpec({at::kBFloat16, {1, 4608, 3072}}).nbytes(), 1 * 4608 * 3072 * 2);
+  v.tag.patch = 3;
+  v.tensors = {TensorSpec{at::kFloat, {1, 1024, 64}}};
+  EXPECT_EQ(v.describe(), "NoisePred(image 0, step 27, pass 1, patch 3, fp32 [1, 1024, 64])");
 }
 
 TEST(MessageHeader, MismatchNamesBothSidesAndBothHeaders) {
@@ -60,6 +67,7 @@ TEST(MessageHeader, MismatchNamesBothSidesAndBothHeaders) {
       [](MessageHeader& h) { h.tag.image = 4; },
       [](MessageHeader& h) { h.tag.step = 6; },
       [](MessageHeader& h) { h.tag.pass = 1; },
+      [](MessageHeader& h) { h.tag.patch = 0; },
       [](MessageHeader& h) { h.tensors[0].dtype = at::kHalf; },
       [](MessageHeader& h) { h.tensors[0].shape[1] = 4607; },
       [](MessageHeader& h) { h.tensors[1].shape.push_back(1); },
@@ -82,7 +90,7 @@ TEST(MessageHeader, MalformedWireFormIsACommError) {
     return comm_error([&] { decode_header(w, 0, 1); });
   };
   EXPECT_NE(bad(0, 42).find("rank 1 received a malformed message header from rank 0: bad magic number"), std::string::npos);
-  EXPECT_NE(bad(1, 2).find("protocol version 2"), std::string::npos);
+  EXPECT_NE(bad(1, 1).find("protocol version 1, this build speaks 2"), std::string::npos);
   EXPECT_NE(bad(2, 9).find("unknown message kind 9"), std::string::npos);
   EXPECT_NE(bad(5, 2).find("pass 2"), std::string::npos);
   EXPECT_NE(bad(6, 0).find("0 tensors"), std::string::npos);
@@ -90,6 +98,7 @@ TEST(MessageHeader, MalformedWireFormIsACommError) {
   EXPECT_NE(bad(7, 7).find("tensor 0 has unknown dtype code 7"), std::string::npos);
   EXPECT_NE(bad(8, kMaxTensorDims + 1).find("tensor 0 has 7 dimensions"), std::string::npos);
   EXPECT_NE(bad(9, -1).find("negative size -1"), std::string::npos);
+  EXPECT_NE(bad(kHeaderPatchWord, -2).find("patch -2 (must be -1 or a patch index)"), std::string::npos);
 }
 
 TEST(MessageHeader, SenderSideLimitsAreInternalErrors) {

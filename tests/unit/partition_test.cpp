@@ -356,6 +356,32 @@ TEST(FluxDevPlans, TableShowsEveryRank) {
   EXPECT_NE(table.find("rank 0 stages: encode"), std::string::npos) << table;
 }
 
+TEST(FluxDevPlans, PatchKeyValueBuffersCountPerBlockInThePeaks) {
+  PlanRequest request = dev_request(2, Balance::Compute);
+  const StagePlan plain = StagePlan::make(request);
+  // --patches: one image, one pass, bf16: 2 x (4096 + 512) tokens x 3072 x 2 bytes per block.
+  const uint64_t per_block = 2ull * (4096 + 512) * 3072 * 2;
+  request.kv_cache_block_bytes = per_block;
+  request.partition = {BlockRange{plain.blocks(0).first, plain.blocks(0).last},
+                       BlockRange{plain.blocks(1).first, plain.blocks(1).last}};
+  const StagePlan same_cut = StagePlan::make(request);
+  for (int r = 0; r < 2; ++r) {
+    const uint64_t kv = static_cast<uint64_t>(plain.blocks(r).count()) * per_block;
+    EXPECT_EQ(same_cut.estimate(r).kv_cache_bytes, kv) << "rank " << r;
+    EXPECT_EQ(same_cut.estimate(r).denoise_bytes, plain.estimate(r).denoise_bytes + kv) << "rank " << r;
+  }
+  EXPECT_NE(same_cut.table().find("patch pipelining: key/value buffers 54.0 MiB per block (in the peaks): rank 0 "),
+            std::string::npos)
+      << same_cut.table();
+  EXPECT_EQ(plain.table().find("key/value buffers"), std::string::npos);
+  // A budget the plain plan just meets: with the buffers rank 1 must give blocks back.
+  request.partition.clear();
+  request.max_memory = {{1, plain.estimate(1).peak_bytes}};
+  const StagePlan bounded = StagePlan::make(request);
+  EXPECT_LE(bounded.estimate(1).peak_bytes, plain.estimate(1).peak_bytes);
+  EXPECT_LT(bounded.blocks(1).count(), plain.blocks(1).count()) << bounded.table();
+}
+
 // ---- budgets -------------------------------------------------------------------------------
 
 TEST(Budgets, AreRespectedAndStillOptimal) {

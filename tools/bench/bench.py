@@ -12,6 +12,14 @@ Makes the benchmark model (make-tiny-model --preset bench) and measures, with 1 
   4. the transformer forward's FLOP rate against the matmul peak (fluxmpi-bench-matmul).
 Times are the denoising stage as fluxmpi reports it (start-up, encoding and decoding excluded);
 the configurations take turns --repeat times and each keeps its best time.
+
+  tools/bench/bench.py --patches [--size 512 --steps 28 --repeat 1]   # about 20 min on a quiet machine
+
+measures patch pipelining instead (docs/performance.md): one image, 2 ranks x 1 thread with
+--patches M --warmup-steps W for M = 2, 4, 8 and W = 1, 2, 4 against 1 rank x 1 thread exact (and
+2 ranks exact), then one image with true CFG; the speed-up of each against the 1-rank exact run,
+and its drift from it (fluxmpi-bench-drift: the final latents' relative difference and the decoded
+image's PSNR).
 """
 import argparse, os, re, shutil, subprocess, sys, time
 
@@ -62,14 +70,70 @@ def dry_run_peaks(build, ranks, args):
     return out
 
 
+def drift(build, run_h5, exact_h5, run_png, exact_png):
+    out, _ = run([os.path.join(build, "tools", "bench", "fluxmpi-bench-drift"), run_h5, exact_h5, run_png, exact_png])
+    m = re.search(r"latents relative ([0-9.e+-]+|inf|nan), max \|diff\| ([0-9.e+-]+|inf|nan); image PSNR ([0-9.]+|inf) dB", out)
+    if not m:
+        sys.exit("bench: no drift in the output:\n" + out)
+    return float(m.group(1)), float(m.group(3))
+
+
+def patches_bench(a, model):
+    """One image: 2 ranks with --patches M --warmup-steps W against 1 rank exact."""
+    size, steps = a.size, a.steps
+    base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(size), "--width", str(size),
+            "--steps", str(steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug"]
+    cfg = ["--true-cfg", "2", "--negative-prompt", "blurry, low quality"]
+    # (tag, ranks, options): the exact 1-rank reference runs again in the middle of the patched
+    # runs (each keeps its best time), so that a slow spell of the machine hits them alike.
+    patched = [("m%dw%d" % (m, w), 2, ["--patches", str(m), "--warmup-steps", str(w)]) for w in (1, 2, 4) for m in (2, 4, 8)]
+    configs = [("exact1", 1, []), ("exact2", 2, [])] + patched[:3] + [("exact1", 1, [])] + patched[3:]
+    configs += [("cfg-exact1", 1, cfg), ("cfg-m4w1", 2, cfg + ["--patches", "4", "--warmup-steps", "1"])]
+    best = {}
+    for _ in range(a.repeat):
+        for tag, ranks, extra in configs:
+            h5 = os.path.join(a.work, tag + ".h5")
+            if os.path.exists(h5):
+                os.remove(h5)
+            t, _, out = fluxmpi(a.build, ranks, base + extra + ["--checkpoint", h5, "-o", os.path.join(a.work, tag + ".png")])
+            blocked = ["%s%%" % m.group(1) for m in re.finditer(r"denoised in [0-9.]+ s, [0-9.]+ s \(([0-9.]+) %\) blocked", out)]
+            print("  %s (%d rank%s): %.2f s%s; load average %.1f" % (tag, ranks, "" if ranks == 1 else "s", t,
+                  ", blocked on messages " + "/".join(blocked) if blocked else "", os.getloadavg()[0]), flush=True)
+            best.setdefault(tag, []).append(t)
+    times = {tag: min(ts) for tag, ts in best.items()}
+    flags = sorted(set(re.findall(r"\b(avx512_bf16|avx512f|avx2|fma|amx_bf16)\b", open("/proc/cpuinfo").read())))
+    print()
+    print("# patch pipelining: %s, %d x %d, %d steps, 1 image, fp32, 1 thread per rank, best of %d; CPU flags: %s"
+          % (model, size, size, steps, a.repeat, " ".join(flags)))
+    print("| run | ranks | denoising time | speed-up vs 1 rank exact | final latents rel. diff | image PSNR vs exact |")
+    print("|---|---|---|---|---|---|")
+    w = lambda tag: (os.path.join(a.work, tag + ".h5"), os.path.join(a.work, tag + ".png"))
+    for tag, ranks, _ in [("exact1", 1, None), ("exact2", 2, None)] + [(t, r, None) for t, r, _ in patched]:
+        rel, psnr = drift(a.build, w(tag)[0], w("exact1")[0], w(tag)[1], w("exact1")[1])
+        print("| %s | %d | %.2f s | %.3fx | %.3g | %s |" % (tag, ranks, times[tag], times["exact1"] / times[tag], rel,
+                                                        "identical" if psnr == float("inf") else "%.2f dB" % psnr))
+    for tag, ranks in (("cfg-exact1", 1), ("cfg-m4w1", 2)):
+        rel, psnr = drift(a.build, w(tag)[0], w("cfg-exact1")[0], w(tag)[1], w("cfg-exact1")[1])
+        print("| %s (true CFG) | %d | %.2f s | %.3fx | %.3g | %s |" % (tag, ranks, times[tag], times["cfg-exact1"] / times[tag],
+                                                                   rel, "identical" if psnr == float("inf") else "%.2f dB" % psnr))
+    print("(all times: %s)" % ", ".join("%s %s" % (t, "/".join("%.1f" % x for x in ts)) for t, ts in best.items()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
     ap.add_argument("--work", default="/tmp/fluxmpi-bench")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--size", type=int, default=256, help="image height and width")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=None, help="3; 1 with --patches")
+    ap.add_argument("--size", type=int, default=None, help="image height and width (256; 512 with --patches)")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps (4; 28 with --patches)")
+    ap.add_argument("--patches", action="store_true", help="the patch-pipelining benchmark instead")
     a = ap.parse_args()
+    if a.repeat is None:
+        a.repeat = 1 if a.patches else 3
+    if a.size is None:
+        a.size = 512 if a.patches else 256
+    if a.steps is None:
+        a.steps = 28 if a.patches else 4
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     model = os.path.join(a.work, "model")
@@ -77,6 +141,9 @@ def main():
         shutil.rmtree(model, ignore_errors=True)
         os.makedirs(a.work, exist_ok=True)
         run([os.path.join(a.build, "tools", "make_tiny_model", "make-tiny-model"), "--out", model, "--preset", "bench"])
+    if a.patches:
+        patches_bench(a, model)
+        return
     base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(a.size), "--width", str(a.size),
             "--steps", str(a.steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug", "--dtype", "fp32",
             "-o", os.path.join(a.work, "bench-{i}.png")]

@@ -35,6 +35,20 @@ std::string progress(const ckpt::ImageAttributes& a, const ckpt::ImageState& s) 
   return str_cat(s.last_step + 1, "/", a.num_inference_steps);
 }
 
+// "exact steps 0-1, 4; pipelined 2-3, 5" over the steps run so far.
+std::string step_modes(const at::Tensor& exact, int64_t last_step) {
+  std::string ranges[2];
+  for (int64_t k = 0; k <= last_step; ++k) {
+    const int mode = exact[k].item<int64_t>() != 0 ? 0 : 1;
+    if (k > 0 && (exact[k - 1].item<int64_t>() != 0 ? 0 : 1) == mode) continue;
+    int64_t end = k;
+    while (end + 1 <= last_step && (exact[end + 1].item<int64_t>() != 0 ? 0 : 1) == mode) ++end;
+    ranges[mode] += str_cat(ranges[mode].empty() ? "" : ", ", k, end > k ? str_cat("-", end) : std::string());
+  }
+  return str_cat("exact steps ", ranges[0].empty() ? "none" : ranges[0], "; pipelined ",
+                 ranges[1].empty() ? "none" : ranges[1]);
+}
+
 void print_summary(const ckpt::CheckpointReader& r, std::optional<int64_t> only, std::ostream& out) {
   const ckpt::FileAttributes& f = r.file();
   const io::TransformerConfig& c = r.transformer_config();
@@ -59,6 +73,14 @@ void print_summary(const ckpt::CheckpointReader& r, std::optional<int64_t> only,
                      {w[5], a.dtype},
                      {0, "\"" + shorten(a.prompt, 48) + "\""}})
         << "\n";
+  }
+  // Patch pipelining (--patches): the mode, and which of the steps run so far were exact.
+  for (int64_t i = 0; i < r.num_images(); ++i) {
+    if ((only && *only != i) || !r.shape(i).patched) continue;
+    const ckpt::ImageAttributes& a = r.attributes(i);
+    out << "  " << ckpt::image_group(i).substr(std::string("/images/").size()) << ": patch-pipelined, " << a.patches
+        << " patches, " << a.warmup_steps << " warm-up step(s); "
+        << step_modes(r.dataset(i, "latents/exact"), r.state(i).last_step) << "\n";
   }
 }
 

@@ -52,12 +52,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const 
   return {q, k, v.view({B, N, heads, head_dim})};
 }
 
-at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope) {
+at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                          KvCache* kv) {
   // q, k, v: [B, N, H, Dh]
   const int64_t B = q.size(0), N = q.size(1), H = q.size(2), Dh = q.size(3);
   at::Tensor qr = apply_rope(q, rope).transpose(1, 2);
-  at::Tensor kr = apply_rope(k, rope).transpose(1, 2);
-  at::Tensor out = nn::attention(qr, kr, v.transpose(1, 2));  // [B, H, N, Dh]
+  at::Tensor kr = apply_rope(k, rope);
+  at::Tensor vr = v;
+  if (kv != nullptr) {
+    FLUX_CHECK(kv->offset >= 0 && kv->offset + N <= kv->k.size(1), "KV cache window [", kv->offset, ", ", kv->offset + N,
+               ") outside its ", kv->k.size(1), " rows");
+    // This call's own rows first: the window attends to its fresh keys, never to stale ones.
+    kv->k.narrow(1, kv->offset, N).copy_(kr);
+    kv->v.narrow(1, kv->offset, N).copy_(v);
+    // A window attends to the whole sequence; the whole sequence (an exact step filling the
+    // cache) attends to its own tensors, exactly as without a cache.
+    if (N < kv->k.size(1)) {
+      kr = kv->k;
+      vr = kv->v;
+    }
+  }
+  at::Tensor out = nn::attention(qr, kr.transpose(1, 2), vr.transpose(1, 2));  // [B, H, N, Dh]
   return out.transpose(1, 2).reshape({B, N, H * Dh}).to(q.scalar_type());
 }
 
@@ -77,53 +92,72 @@ struct JointQkv {
     vt.transpose(2, 3).narrow(2, row0, N).copy_(qkv.narrow(-1, 2 * inner, inner).view({B, N, H, Dh}).transpose(1, 2));
   }
   void attend_into(at::Tensor& out) const { fused::attention_into(q, k, vt.transpose(2, 3), out); }
+  // An exact step of patch pipelining: the whole sequence's rotated keys and values also fill the cache.
+  void fill(KvCache* kv) const {
+    if (kv == nullptr) return;
+    const int64_t N = q.size(2);
+    kv->k.narrow(1, kv->offset, N).copy_(k.transpose(1, 2));
+    kv->v.narrow(1, kv->offset, N).copy_(vt.transpose(2, 3).transpose(1, 2));
+  }
 };
+
+// The fused kernels attend a sequence to itself: they serve calls without a cache and the exact
+// (whole-sequence) calls that fill one; a patch window reads other rows from the cache and takes
+// the reference operators.
+bool fused_covers(const KvCache* kv, int64_t tokens) { return kv == nullptr || tokens == kv->k.size(1); }
 
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Tensor& txt, const at::Tensor& img,
-                                                                   const RopeTables& rope) const {
+                                                                   const RopeTables& rope, KvCache* kv) const {
   // txt: [B, S, D], img: [B, L, D]
   FLUX_CHECK(add_q_proj, "forward_joint on a single-stream attention");
   const int64_t B = txt.size(0), S = txt.size(1), L = img.size(1);
-  if (fused_weight_.defined() && fused_add_weight_.defined() && fused::applies(img)) {
+  if (fused_weight_.defined() && fused_add_weight_.defined() && fused::applies(img) && fused_covers(kv, S + L)) {
     // One pass per tensor from the projections to the attention input, no cat; the attention
     // output lands in [B, S+L, H*Dh] directly.
     JointQkv j(B, heads, S + L, head_dim, img.options());
     j.add(at::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, rope, 0);
     j.add(at::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, rope, S);
+    j.fill(kv);
     at::Tensor out = at::empty({B, S + L, heads * head_dim}, img.options());
     j.attend_into(out);
     return {to_add_out->forward(out.narrow(1, 0, S)), out_proj_->forward(out.narrow(1, S, L))};
   }
   auto [iq, ik, iv] = project(img, /*text=*/false);
   auto [tq, tk, tv] = project(txt, /*text=*/true);
-  at::Tensor out = rope_attention(at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({tv, iv}, 1), rope);
+  at::Tensor out = rope_attention(at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({tv, iv}, 1), rope, kv);
   at::Tensor txt_out = to_add_out->forward(out.narrow(1, 0, S));
   at::Tensor img_out = out_proj_->forward(out.narrow(1, S, L));
   return {txt_out, img_out};
 }
 
 at::Tensor FluxAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const RopeTables& rope) const {
+                                     const RopeTables& rope, KvCache* kv) const {
   // q, k, v: [B, N, D] projections of the joint stream
   const int64_t B = q.size(0), N = q.size(1);
-  if (fused::applies(q)) {
+  if (fused::applies(q) && fused_covers(kv, N)) {
     at::Tensor out = at::empty({B, N, heads * head_dim}, q.options());
-    attend_into(q, k, v, rope, out);
+    attend_into(q, k, v, rope, out, kv);
     return out;
   }
+  return attend_reference(q, k, v, rope, kv);
+}
+
+at::Tensor FluxAttentionImpl::attend_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const RopeTables& rope, KvCache* kv) const {
+  const int64_t B = q.size(0), N = q.size(1);
   at::Tensor qh = norm_q->forward(q.view({B, N, heads, head_dim}));
   at::Tensor kh = norm_k->forward(k.view({B, N, heads, head_dim}));
-  return rope_attention(qh, kh, v.view({B, N, heads, head_dim}), rope);
+  return rope_attention(qh, kh, v.view({B, N, heads, head_dim}), rope, kv);
 }
 
 void FluxAttentionImpl::attend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
-                                    at::Tensor out) const {
+                                    at::Tensor out, KvCache* kv) const {
   const int64_t B = q.size(0), N = q.size(1), inner = heads * head_dim;
   nn::check_shape(out, {B, N, inner}, "attend_into out [B, N, H*Dh]");
-  if (!fused::applies(q)) {
-    out.copy_(attend(q, k, v, rope));
+  if (!fused::applies(q) || !fused_covers(kv, N)) {
+    out.copy_(attend_reference(q, k, v, rope, kv));
     return;
   }
   JointQkv j(B, heads, N, head_dim, q.options());
@@ -131,6 +165,7 @@ void FluxAttentionImpl::attend_into(const at::Tensor& q, const at::Tensor& k, co
   fused::rms_norm_rope_into(view(q), norm_q->weight, norm_q->eps, rope, 0, j.q);
   fused::rms_norm_rope_into(view(k), norm_k->weight, norm_k->eps, rope, 0, j.k);
   j.vt.transpose(2, 3).copy_(view(v).transpose(1, 2));
+  j.fill(kv);
   j.attend_into(out);
 }
 

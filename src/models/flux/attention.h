@@ -21,20 +21,33 @@
 
 namespace fluxmpi::flux {
 
+/// Keys and values of one attention layer over the whole joint sequence, kept between calls
+/// (patch pipelining, pipeline/denoise.h). A call on the `n` tokens at positions
+/// [offset, offset + n) of the sequence first writes their rotated keys and their values into
+/// those rows, then attends to all rows: rows before them hold what earlier calls wrote (this
+/// step's patches), rows after them what the previous step left.
+struct KvCache {
+  at::Tensor k;        ///< [B, N, H, Dh], RoPE applied
+  at::Tensor v;        ///< [B, N, H, Dh]
+  int64_t offset = 0;  ///< position of the current call's first token in the sequence
+};
+
 class FluxAttentionImpl : public torch::nn::Module {
  public:
   FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool joint);
 
   /// Double-stream: txt [B, S, D], img [B, L, D] -> (txt_out, img_out), each projected.
+  /// With `kv`: the tokens are a window of the sequence (see KvCache; `rope` holds its rows).
   std::pair<at::Tensor, at::Tensor> forward_joint(const at::Tensor& txt, const at::Tensor& img,
-                                                  const RopeTables& rope) const;
+                                                  const RopeTables& rope, KvCache* kv = nullptr) const;
   /// Single-stream: given q, k, v already projected ([B, S+L, D] each) -> attention output
   /// [B, S+L, D] before any output projection.
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope) const;
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                    KvCache* kv = nullptr) const;
   /// attend() written into `out` [B, S+L, H*Dh] (unit last stride; e.g. a column slice of a larger
   /// buffer, so that no cat follows).
   void attend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
-                   at::Tensor out) const;
+                   at::Tensor out, KvCache* kv = nullptr) const;
 
   /// Builds the fused q|k|v weights of the image stream (and text stream when joint).
   void fuse();
@@ -50,12 +63,19 @@ class FluxAttentionImpl : public torch::nn::Module {
  private:
   /// [B, N, D] -> q, k, v [B, N, H, Dh], q and k normalised.
   std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x, bool text) const;
+  /// attend() through the reference operators (norms, rope_attention), with or without a cache.
+  at::Tensor attend_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                              KvCache* kv) const;
   nn::Linear out_proj_{nullptr};  ///< to_out[0], typed
   at::Tensor fused_weight_, fused_bias_, fused_add_weight_, fused_add_bias_;
 };
 TORCH_MODULE(FluxAttention);
 
 /// Joint attention core: q, k, v [B, N, H, Dh] (N = S + L, RoPE not yet applied) -> [B, N, H*Dh].
-at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope);
+/// With `kv`, q, k, v are the window of the sequence the cache's offset says: k (rotated) and v
+/// go into the cache first, then q attends to every row of it (a window of the whole sequence
+/// gives the same result as no cache, bit for bit).
+at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
+                          KvCache* kv = nullptr);
 
 }  // namespace fluxmpi::flux

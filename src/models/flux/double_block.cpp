@@ -34,12 +34,13 @@ DoubleBlockImpl::DoubleBlockImpl(int64_t dim, int64_t heads, int64_t head_dim) {
 }
 
 std::pair<at::Tensor, at::Tensor> DoubleBlockImpl::forward(const at::Tensor& txt, const at::Tensor& img,
-                                                           const at::Tensor& temb, const RopeTables& rope) const {
+                                                           const at::Tensor& temb, const RopeTables& rope,
+                                                           KvCache* kv) const {
   // txt: [B, S, D], img: [B, L, D], temb: [B, D]
   nn::check_shape(img, {txt.size(0), -1, txt.size(2)}, "double block img [B, L, D]");
   auto m = norm1->chunks(temb);          // shift, scale, gate (attention), shift, scale, gate (mlp)
   auto c = norm1_context->chunks(temb);
-  auto [txt_attn, img_attn] = attn->forward_joint(modulate(txt, c[0], c[1]), modulate(img, m[0], m[1]), rope);
+  auto [txt_attn, img_attn] = attn->forward_joint(modulate(txt, c[0], c[1]), modulate(img, m[0], m[1]), rope, kv);
 
   at::Tensor x = gated_residual(img, m[2], img_attn);
   x = gated_residual(x, m[5], ff->forward(modulate(x, m[3], m[4])));

@@ -25,9 +25,10 @@ TORCH_MODULE(FeedForward);
 class DoubleBlockImpl : public torch::nn::Module {
  public:
   DoubleBlockImpl(int64_t dim, int64_t heads, int64_t head_dim);
-  /// txt: [B, S, D], img: [B, L, D], temb: [B, D] -> (txt, img) of the same shapes.
+  /// txt: [B, S, D], img: [B, L, D], temb: [B, D] -> (txt, img) of the same shapes. With `kv`
+  /// (patch pipelining) the tokens are a window of the sequence; S may be 0.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& txt, const at::Tensor& img, const at::Tensor& temb,
-                                            const RopeTables& rope) const;
+                                            const RopeTables& rope, KvCache* kv = nullptr) const;
   void fuse() { attn->fuse(); }
 
   AdaNorm norm1{nullptr}, norm1_context{nullptr};

@@ -17,7 +17,8 @@ void SingleBlockImpl::fuse() {
   std::tie(fused_weight_, fused_bias_) = nn::fuse_linears({attn->to_q, attn->to_k, attn->to_v, proj_mlp});
 }
 
-at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope) const {
+at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope,
+                                    KvCache* kv) const {
   // x: [B, N, D] with N = S + L, temb: [B, D]
   nn::check_shape(x, {temb.size(0), rope.cos.size(0), dim}, "single block x [B, S+L, D]");
   auto m = norm->chunks(temb);  // shift, scale, gate
@@ -28,7 +29,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
     at::Tensor all = at::linear(h, fused_weight_, fused_bias_);
     at::Tensor both = at::empty({x.size(0), x.size(1), inner + mlp_dim}, x.options());
     attn->attend_into(all.narrow(-1, 0, inner), all.narrow(-1, inner, inner), all.narrow(-1, 2 * inner, inner), rope,
-                      both.narrow(-1, 0, inner));
+                      both.narrow(-1, 0, inner), kv);
     at::Tensor g = both.narrow(-1, inner, mlp_dim);
     at::gelu_out(g, all.narrow(-1, 3 * inner, mlp_dim), "tanh");
     return clip_fp16(gated_residual(x, m[2], proj_out->forward(both)));
@@ -46,7 +47,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
     v = attn->to_v->forward(h);
     mlp = proj_mlp->forward(h);
   }
-  at::Tensor attn_out = attn->attend(q, k, v, rope);
+  at::Tensor attn_out = attn->attend(q, k, v, rope, kv);
   at::Tensor y = proj_out->forward(at::cat({attn_out, nn::gelu_tanh(mlp)}, 2));
   return clip_fp16(gated_residual(x, m[2], y));
 }

@@ -13,8 +13,9 @@ namespace fluxmpi::flux {
 class SingleBlockImpl : public torch::nn::Module {
  public:
   SingleBlockImpl(int64_t dim, int64_t heads, int64_t head_dim);
-  /// x: [B, S+L, D], temb: [B, D] -> [B, S+L, D].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope) const;
+  /// x: [B, S+L, D], temb: [B, D] -> [B, S+L, D]. With `kv` (patch pipelining) x is a window of
+  /// the sequence.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope, KvCache* kv = nullptr) const;
   /// Fuses to_q | to_k | to_v | proj_mlp (all read the modulated input) into one matmul.
   void fuse();
 

@@ -72,10 +72,14 @@ RopeTables FluxTransformerImpl::rope(const at::Tensor& txt_ids, const at::Tensor
   return rope_tables(at::cat({txt_ids, img_ids}, 0), config_.axes_dims_rope);
 }
 
-void FluxTransformerImpl::run_blocks(StreamState& s, const RopeTables& rope, const BlockObserver& observe) const {
+void FluxTransformerImpl::run_blocks(StreamState& s, const RopeTables& rope, const BlockObserver& observe,
+                                     std::vector<KvCache>* kv) const {
+  FLUX_CHECK(kv == nullptr || kv->size() == double_blocks.size() + single_blocks.size(), "one KV cache per block: ",
+             kv ? kv->size() : 0, " for ", double_blocks.size() + single_blocks.size(), " blocks");
+  auto cache = [&](size_t block) { return kv != nullptr ? &(*kv)[block] : nullptr; };
   for (size_t i = 0; i < double_blocks.size(); ++i) {
     FLUX_CHECK(!s.is_joint(), "double block after the streams were joined");
-    std::tie(s.txt, s.img) = double_blocks[i]->forward(s.txt, s.img, s.temb, rope);
+    std::tie(s.txt, s.img) = double_blocks[i]->forward(s.txt, s.img, s.temb, rope, cache(i));
     if (observe) observe("double_block_" + std::to_string(first_double_ + static_cast<int64_t>(i)), s);
   }
   for (size_t i = 0; i < single_blocks.size(); ++i) {
@@ -84,9 +88,18 @@ void FluxTransformerImpl::run_blocks(StreamState& s, const RopeTables& rope, con
       s.txt = at::Tensor();
       s.img = at::Tensor();
     }
-    s.joint = single_blocks[i]->forward(s.joint, s.temb, rope);
+    s.joint = single_blocks[i]->forward(s.joint, s.temb, rope, cache(double_blocks.size() + i));
     if (observe) observe("single_block_" + std::to_string(first_single_ + static_cast<int64_t>(i)), s);
   }
+}
+
+std::vector<KvCache> FluxTransformerImpl::kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const {
+  std::vector<KvCache> caches(double_blocks.size() + single_blocks.size());
+  for (KvCache& c : caches) {
+    c.k = at::empty({batch, tokens, config_.num_attention_heads, config_.attention_head_dim}, options);
+    c.v = at::empty_like(c.k);
+  }
+  return caches;
 }
 
 at::Tensor FluxTransformerImpl::final_layer(const StreamState& s, at::Tensor* normed) const {

@@ -65,8 +65,12 @@ class FluxTransformerImpl : public torch::nn::Module {
   /// The RoPE tables of the joint sequence cat(txt_ids, img_ids) ([S, 3], [L, 3]).
   RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first
-  /// single block.
-  void run_blocks(StreamState& state, const RopeTables& rope, const BlockObserver& observe = {}) const;
+  /// single block. With `kv` (patch pipelining: one cache per block held, in order; see
+  /// kv_caches) the state is a window of the sequence and `rope` holds the window's rows.
+  void run_blocks(StreamState& state, const RopeTables& rope, const BlockObserver& observe = {},
+                  std::vector<KvCache>* kv = nullptr) const;
+  /// One key/value cache per block held, each [batch, tokens, heads, head_dim] (uninitialised).
+  std::vector<KvCache> kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const;
   /// norm_out + proj_out on the image tokens -> [B, L, out_channels].
   at::Tensor final_layer(const StreamState& state, at::Tensor* normed = nullptr) const;
   /// The whole model (a part holding everything): the noise prediction [B, L, out_channels].
