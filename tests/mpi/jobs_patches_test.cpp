@@ -147,7 +147,7 @@ TEST_F(Patches, TooManyPatchesAndTheBuffersInTheDryRun) {
   EXPECT_NE(r.output.find("--patches 5 exceeds the 4 rows of image tokens of a 64x64 image"), std::string::npos) << r.output;
   // 2 x (16 image + 256 text tokens) x width 32 x 4 bytes = 68 KiB per block, for 1 image and 1 pass.
   JobResult dry = run_fluxmpi(2, {"--model", *dir_ / "model", "--height", "64", "--width", "64", "--steps", "6", "--dry-run",
-                                  "--max-sequence-length", "256", "--patches", "2"}, 60);
+                                  "--max-sequence-length", "256", "--patches", "2", "--dtype", "fp32"}, 60);
   ASSERT_EQ(dry.exit_code, 0) << dry.output;
   EXPECT_NE(dry.output.find("patch pipelining: key/value buffers 68.0 KiB per block (in the peaks): rank 0 "),
             std::string::npos)
