@@ -338,8 +338,9 @@ Outcome run_program(Program program, const std::vector<std::string>& args, int r
   const std::string exe = program == Program::Fluxmpi ? FLUXMPI_EXE : FLUXMPI_INSPECT_EXE;
   if (ranks > 1) {
     // Each rank reports its own exit code through a wrapper: mpiexec only passes on one. The
-    // wrapper ignores SIGTERM (and so does the rank), so that mpiexec ending the job after the
-    // first non-zero exit cannot cut off another rank's report; SIGKILL still ends a hung rank.
+    // wrapper ignores SIGTERM (and so does the rank), and mpiexec waits 10 s before its SIGKILL
+    // (FLUXMPI_MPIEXEC_FLAGS), so that mpiexec ending the job after the first non-zero exit cannot
+    // cut off another rank's report on a slow machine; SIGKILL still ends a hung rank.
     argv = {FLUXMPI_MPIEXEC, FLUXMPI_MPIEXEC_NUMPROC_FLAG, std::to_string(ranks)};
     for (const auto& f : split_words(FLUXMPI_MPIEXEC_FLAGS)) argv.push_back(f);
     argv.insert(argv.end(), {"/bin/sh", "-c",

@@ -323,8 +323,11 @@ Seen poll_once(const std::string& path, bool swmr, int64_t* generation, std::str
   hid_t id = H5Fopen(path.c_str(), swmr ? H5F_ACC_RDONLY | H5F_ACC_SWMR_READ : H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0) {
     *detail = h5::take_error();
-    // The file is not there (or was removed between two calls of HDF5's open).
-    if (detail->find("No such file or directory") != std::string::npos) return Seen::NotFound;
+    // The file is not there, or this test removed it (between generations) while HDF5 was
+    // opening it: HDF5 looks the name up again (lstat) after open().
+    if (detail->find("No such file or directory") != std::string::npos ||
+        detail->find("can't retrieve stat info for file") != std::string::npos)
+      return Seen::NotFound;
     // A plain reader refuses a file a SWMR writer holds: not readable yet, by design.
     if (!swmr && detail->find("file is already open for write") != std::string::npos) return Seen::NotYetReadable;
     return Seen::Broken;
