@@ -328,8 +328,12 @@ Seen poll_once(const std::string& path, bool swmr, int64_t* generation, std::str
     if (detail->find("No such file or directory") != std::string::npos ||
         detail->find("can't retrieve stat info for file") != std::string::npos)
       return Seen::NotFound;
-    // A plain reader refuses a file a SWMR writer holds: not readable yet, by design.
-    if (!swmr && detail->find("file is already open for write") != std::string::npos) return Seen::NotYetReadable;
+    // A plain reader refuses a file a SWMR writer holds: not readable yet, by design. Which check
+    // trips first depends on the moment: the "open for writing" mark, or the end of file the
+    // superblock records, which runs ahead of the bytes on disk while the writer works.
+    if (!swmr && (detail->find("file is already open for write") != std::string::npos ||
+                  detail->find("truncated file") != std::string::npos))
+      return Seen::NotYetReadable;
     return Seen::Broken;
   }
   try {
