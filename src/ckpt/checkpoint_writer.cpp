@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -83,6 +84,42 @@ at::Tensor prepare(const at::Tensor& t, const std::vector<int64_t>& shape, at::S
   if (dtype == at::kFloat && !at::isFloatingType(x.scalar_type()))
     throw InternalError(str_cat("checkpoint: ", what, ": expected floating point data, got ", x.scalar_type()));
   return x.to(at::kCPU).to(dtype).contiguous();
+}
+
+// The name a checkpoint is created under before publish() moves it to `path`: in the same folder
+// (a rename within one file system), hidden, and naming the creating process, so that a file left
+// by a creator killed in that short window is recognisable (`.run.h5.creating-<pid>`).
+std::string creation_name(const std::string& path) {
+  const fs::path p(path);
+  return (p.parent_path() / str_cat(".", p.filename().string(), ".creating-", ::getpid())).string();
+}
+
+// Moves the finished file `tmp` to `path` without ever replacing a file there (another creator
+// may have made one since create() looked): renameat2(RENAME_NOREPLACE), or where the file system
+// lacks it, a hard link plus unlink (link() refuses an existing name as well); a file system with
+// neither gets a plain rename after a last look.
+void publish(const std::string& tmp, const std::string& path) {
+  auto exists_error = [&] {
+    return UsageError(str_cat("--checkpoint '", path, "' already exists; continue it with --resume ", path, " or remove it"));
+  };
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return;
+  int err = errno;
+  if (err == EEXIST) throw exists_error();
+  if (err == EINVAL || err == ENOSYS || err == ENOTSUP) {
+    if (::link(tmp.c_str(), path.c_str()) == 0) {
+      ::unlink(tmp.c_str());
+      return;
+    }
+    err = errno;
+    if (err == EEXIST) throw exists_error();
+    if (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP) {
+      std::error_code ec;
+      if (fs::exists(path, ec)) throw exists_error();
+      if (::rename(tmp.c_str(), path.c_str()) == 0) return;
+      err = errno;
+    }
+  }
+  throw IoError(str_cat(path, ": cannot create the checkpoint (renaming '", tmp, "' into place: ", std::strerror(err), ")"));
 }
 
 Handle latest_format_fapl(Fault fault, const std::string& path) {
@@ -279,20 +316,26 @@ CheckpointWriter CheckpointWriter::create(const std::string& path, const FileAtt
 
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  // The file is made and laid out under a temporary name in the same folder and becomes visible
+  // at `path` only once it is in SWMR-write mode, so a reader polling `path` (fluxmpi-inspect
+  // --follow, h5py, h5dump) finds either no file or a complete SWMR file; it can never take
+  // HDF5's file lock while the writer still needs it (H5Fcreate and H5Fstart_swmr_write lock).
+  const std::string tmp = creation_name(path);
   Handle fapl = latest_format_fapl(Fault::Io, path);
-  // EXCL: if another process created the file since the check above, fail rather than truncate it.
-  Handle f = h5::file_handle(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), Fault::Io,
+  fs::remove(tmp, ec);  // left by a killed creator whose process id this one now has
+  Handle f = h5::file_handle(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), Fault::Io,
                              str_cat(path, ": cannot create the checkpoint"));
   try {
-    impl->lock.acquire(path);
+    impl->lock.acquire(tmp);
     create_layout(f.get(), file, images, shapes, path);
     h5::check_status(H5Fstart_swmr_write(f.get()), Fault::Io, str_cat(path, ": cannot start SWMR writing"));
     impl->file = std::make_shared<detail::CheckpointFile>(path, std::move(f), /*swmr_reader=*/false);
+    publish(tmp, path);
   } catch (...) {
-    // A half-made checkpoint is of no use and would block the next run ("already exists").
+    // A half-made checkpoint is of no use: nothing is left behind, under either name.
     f.reset();
     impl->file.reset();
-    fs::remove(path, ec);
+    fs::remove(tmp, ec);
     throw;
   }
   impl->rows.assign(images.size(), 0);
@@ -322,7 +365,12 @@ CheckpointWriter CheckpointWriter::resume(const std::string& path, const FileAtt
   h5::check_status(H5Pset(fapl.get(), "clear_status_flags", &clear), Fault::Checkpoint,
                    str_cat(path, ": cannot request clearing the superblock status flags"));
   h5::check_status(H5Pset_file_locking(fapl.get(), false, true), Fault::Checkpoint, path);
-  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get());
+  // Opened in SWMR-write mode at once: the file is never in plain write mode, in which SWMR
+  // readers are refused and a plain read-only reader (the fallback of CheckpointFile) could see
+  // metadata half flushed. Everything below (end of allocation, shrinking the extendable datasets
+  // to the committed rows) is allowed under SWMR, and a reader sees the rows it drops only as
+  // uncommitted rows, which it ignores anyway.
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR | H5F_ACC_SWMR_WRITE, fapl.get());
   if (id < 0) throw CheckpointError(detail::CheckpointFile::open_failure(path, h5::take_error()));
   Handle opened(id, H5Fclose);
   // A killed writer may have written objects past the end of allocation its superblock last
@@ -349,7 +397,7 @@ CheckpointWriter CheckpointWriter::resume(const std::string& path, const FileAtt
     impl->last_step[i] = s.last_step;
     impl->shrink_to_committed(i);
   }
-  h5::check_status(H5Fstart_swmr_write(impl->file->id()), Fault::Io, str_cat(path, ": cannot start SWMR writing"));
+  impl->flush();
   impl->reader.reset(new CheckpointReader(impl->file));
   return CheckpointWriter(std::move(impl));
 }

@@ -1,9 +1,10 @@
 # Runs `MPIEXEC NP_FLAG NP FLAGS PROGRAM SCENARIO` and fails unless the job ends by itself
-# within MAX_SECONDS (start-up included) and within FAILURE_SECONDS of the failure the program
-# announces ("fails at unix time T"), with exit code EXPECT_CODE and EXPECT_TEXT in its output: a
+# within FAILURE_SECONDS of the failure the program announces ("fails at unix time T"): the time
+# bound is measured from the failure, so the speed of the machine does not matter (MAX_SECONDS,
+# from the start, is only a hang guard for a job that never reaches its failure), with exit code EXPECT_CODE and EXPECT_TEXT in its output: a
 # rank that fails after start-up must end the whole job, never leave it hanging.
 #   cmake -DMPIEXEC=... -DNP_FLAG=-n -DNP=2 -DFLAGS=--oversubscribe -DPROGRAM=... -DSCENARIO=recv
-#         -DEXPECT_CODE=3 "-DEXPECT_TEXT=..." -DMAX_SECONDS=40 -DFAILURE_SECONDS=10 -P expect_abort.cmake
+#         -DEXPECT_CODE=3 "-DEXPECT_TEXT=..." -DMAX_SECONDS=600 -DFAILURE_SECONDS=60 -P expect_abort.cmake
 
 foreach(v MPIEXEC NP_FLAG NP PROGRAM SCENARIO EXPECT_CODE EXPECT_TEXT MAX_SECONDS FAILURE_SECONDS)
   if(NOT DEFINED ${v})

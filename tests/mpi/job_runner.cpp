@@ -10,9 +10,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <regex>
 #include <sstream>
 
 #include "ckpt/checkpoint_reader.h"
+#include "core/error.h"
 #include "io/png.h"
 
 extern char** environ;
@@ -69,29 +72,51 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log, const 
   return pid;
 }
 
-JobResult wait_for(pid_t pid, const std::string& log, int timeout_s) {
+std::string read_log(const std::string& log) {
+  std::ifstream in(log);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// A rank's report of a failure: "fluxmpi[rank r/P]: <Kind>Error: ..." or "... error: ...".
+bool has_error_line(const std::string& output) {
+  static const std::regex line(R"((^|\n)fluxmpi(\[rank [0-9]+/[0-9]+\])?: [A-Za-z]*(Error|error): )");
+  return std::regex_search(output, line);
+}
+
+// Waits for the job to end by itself. No expectation of speed: the only limits are a hang guard
+// from the start (`hang_guard_s`) and, once a rank has reported a failure, kEndAfterErrorSeconds
+// from that report (a failing rank must end the job, not leave it hanging).
+JobResult wait_for(pid_t pid, const std::string& log, int hang_guard_s) {
+  using Clock = std::chrono::steady_clock;
   JobResult r;
-  auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> failed_at;
   int status = 0;
-  while (true) {
+  for (int poll = 0;; ++poll) {
     pid_t done = waitpid(pid, &status, WNOHANG);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto now = Clock::now();
+    r.seconds = std::chrono::duration<double>(now - start).count();
     if (done == pid) {
       r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       break;
     }
-    if (r.seconds > timeout_s) {
+    if (!failed_at && poll % 25 == 0 && has_error_line(read_log(log))) failed_at = now;
+    const bool hung = failed_at ? now - *failed_at > std::chrono::seconds(kEndAfterErrorSeconds)
+                                : r.seconds > hang_guard_s;
+    if (hung) {
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
       r.exit_code = -1;
+      r.hang = failed_at ? str_cat("the job did not end within ", kEndAfterErrorSeconds, " s of a rank's error report")
+                         : str_cat("the job did not end within the hang guard of ", hang_guard_s, " s");
       break;
     }
     usleep(20000);
   }
-  std::ifstream in(log);
-  std::ostringstream os;
-  os << in.rdbuf();
-  r.output = os.str();
+  r.output = read_log(log);
+  if (!r.hang.empty()) r.output += "\n[job_runner: " + r.hang + "; killed]\n";
   return r;
 }
 
@@ -102,20 +127,20 @@ std::string temp_log() {
 
 }  // namespace
 
-JobResult run_program(const std::string& program, const std::vector<std::string>& args, int timeout_s) {
+JobResult run_program(const std::string& program, const std::vector<std::string>& args, int hang_guard_s) {
   std::vector<std::string> argv = {program};
   argv.insert(argv.end(), args.begin(), args.end());
   std::string log = temp_log();
   pid_t pid = spawn(argv, log, {});
-  JobResult r = pid > 0 ? wait_for(pid, log, timeout_s) : JobResult{};
+  JobResult r = pid > 0 ? wait_for(pid, log, hang_guard_s) : JobResult{};
   fs::remove(log);
   return r;
 }
 
-JobResult run_fluxmpi(int ranks, const std::vector<std::string>& args, int timeout_s, const std::vector<std::string>& env) {
+JobResult run_fluxmpi(int ranks, const std::vector<std::string>& args, int hang_guard_s, const std::vector<std::string>& env) {
   std::string log = temp_log();
   pid_t pid = spawn(launcher(ranks, args, env), log, env);
-  JobResult r = pid > 0 ? wait_for(pid, log, timeout_s) : JobResult{};
+  JobResult r = pid > 0 ? wait_for(pid, log, hang_guard_s) : JobResult{};
   fs::remove(log);
   return r;
 }
@@ -123,6 +148,16 @@ JobResult run_fluxmpi(int ranks, const std::vector<std::string>& args, int timeo
 int start_fluxmpi(int ranks, const std::vector<std::string>& args, const std::string& log_path,
                   const std::vector<std::string>& env) {
   return spawn(launcher(ranks, args, env), log_path, env);
+}
+
+int start_program(const std::string& program, const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<std::string> argv = {program};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return spawn(argv, log_path, {});
+}
+
+JobResult wait_for_program(int pid, const std::string& log_path, int hang_guard_s) {
+  return wait_for(pid, log_path, hang_guard_s);
 }
 
 TempDir::TempDir(const std::string& tag) {

@@ -49,10 +49,10 @@ class Faults : public testing::Test {
 TempDir* Faults::dir_ = nullptr;
 
 TEST_F(Faults, RankThatThrowsMidRunEndsTheJob) {
-  JobResult r = run_fluxmpi(2, args("throw"), 60, {"FLUXMPI_FAULT=throw@1:2"});
+  JobResult r = run_fluxmpi(2, args("throw"), kHangGuardSeconds, {"FLUXMPI_FAULT=throw@1:2"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("fluxmpi[rank 1/2]: InternalError: fault injected by FLUXMPI_FAULT at step 2"), std::string::npos) << r.output;
-  EXPECT_LT(r.seconds, 30) << r.output;
+  EXPECT_EQ(r.hang, "") << r.output;  // ended by itself, not killed as hung
   EXPECT_EQ(processes_mentioning(*dir_ / "throw.h5"), 0) << "a rank is still running";
   EXPECT_FALSE(fs::exists(*dir_ / "throw.png")) << "no image of a failed run";
   // The checkpoint stays readable: steps 0 and 1 are in it.
@@ -62,25 +62,25 @@ TEST_F(Faults, RankThatThrowsMidRunEndsTheJob) {
 }
 
 TEST_F(Faults, RankZeroThatThrowsOnThreeRanks) {
-  JobResult r = run_fluxmpi(3, args("throw0"), 60, {"FLUXMPI_FAULT=throw@0:1"});
+  JobResult r = run_fluxmpi(3, args("throw0"), kHangGuardSeconds, {"FLUXMPI_FAULT=throw@0:1"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("fluxmpi[rank 0/3]: InternalError: fault injected"), std::string::npos) << r.output;
-  EXPECT_LT(r.seconds, 30);
+  EXPECT_EQ(r.hang, "") << r.output;  // ended by itself, not killed as hung
   EXPECT_EQ(processes_mentioning(*dir_ / "throw0.h5"), 0);
 }
 
 TEST_F(Faults, MismatchedHeaderIsACommErrorOnTheReceiver) {
-  JobResult r = run_fluxmpi(2, args("header"), 60, {"FLUXMPI_FAULT=header@0:1"});
+  JobResult r = run_fluxmpi(2, args("header"), kHangGuardSeconds, {"FLUXMPI_FAULT=header@0:1"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("fluxmpi[rank 1/2]: CommError: rank 1 expected "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 1001"), std::string::npos) << "the received header is quoted:\n" << r.output;
-  EXPECT_LT(r.seconds, 30);
+  EXPECT_EQ(r.hang, "") << r.output;  // ended by itself, not killed as hung
 }
 
 TEST_F(Faults, KilledRankEndsTheJobAndLeavesAReadableCheckpoint) {
-  JobResult r = run_fluxmpi(2, args("kill"), 60, {"FLUXMPI_FAULT=kill@1:2"});
+  JobResult r = run_fluxmpi(2, args("kill"), kHangGuardSeconds, {"FLUXMPI_FAULT=kill@1:2"});
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_LT(r.seconds, 30) << r.output;
+  EXPECT_EQ(r.hang, "") << r.output;  // ended by itself, not killed as hung
   EXPECT_EQ(processes_mentioning(*dir_ / "kill.h5"), 0) << "a rank is still running";
   ckpt::CheckpointReader ck = ckpt::CheckpointReader::open(*dir_ / "kill.h5");
   EXPECT_EQ(ck.state(0).status, ckpt::ImageStatus::Denoising);
@@ -122,11 +122,11 @@ TEST_F(Faults, TruncatedShardReadByRankOne) {
   fs::resize_file(path, fs::file_size(path) / 2);
   auto a = args("truncated", model);
   a.insert(a.end(), {"--partition", "0:0-" + std::to_string(cut - 1) + ",1:" + std::to_string(cut) + "-" + std::to_string(B - 1)});
-  JobResult r = run_fluxmpi(2, a, 60);
+  JobResult r = run_fluxmpi(2, a);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("fluxmpi[rank 1/2]: WeightError: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(shard), std::string::npos) << "the message names the file:\n" << r.output;
-  EXPECT_LT(r.seconds, 30);
+  EXPECT_EQ(r.hang, "") << r.output;  // ended by itself, not killed as hung
   EXPECT_FALSE(fs::exists(*dir_ / "truncated.h5")) << "no checkpoint when loading fails";
   EXPECT_FALSE(fs::exists(*dir_ / "truncated.png"));
 }

@@ -4,16 +4,19 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include "ckpt/checkpoint_file.h"
 #include "ckpt/checkpoint_reader.h"
 #include "ckpt/checkpoint_writer.h"
 #include "core/error.h"
@@ -310,6 +313,174 @@ with h5py.File(sys.argv[1], "r", swmr=True) as f:
   w.close();
 }
 
+// What one poll of the checkpoint's path found.
+enum class Seen { NotFound, NotYetReadable, Consistent, Broken };
+
+// One open of `path` as a reader does it: SWMR read (`swmr`) or a plain read-only H5Fopen, then
+// the whole layout validated and every image's state read. `generation` gets the number the
+// writer put in the file's 'model' attribute; `detail` what went wrong.
+Seen poll_once(const std::string& path, bool swmr, int64_t* generation, std::string* detail) {
+  hid_t id = H5Fopen(path.c_str(), swmr ? H5F_ACC_RDONLY | H5F_ACC_SWMR_READ : H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) {
+    *detail = h5::take_error();
+    // The file is not there, or this test removed it (between generations) while HDF5 was
+    // opening it: HDF5 looks the name up again (lstat) after open().
+    if (detail->find("No such file or directory") != std::string::npos ||
+        detail->find("can't retrieve stat info for file") != std::string::npos)
+      return Seen::NotFound;
+    // A plain reader refuses a file a SWMR writer holds: not readable yet, by design. Which check
+    // trips first depends on the moment: the "open for writing" mark, or the end of file the
+    // superblock records, which runs ahead of the bytes on disk while the writer works.
+    if (!swmr && (detail->find("file is already open for write") != std::string::npos ||
+                  detail->find("truncated file") != std::string::npos))
+      return Seen::NotYetReadable;
+    return Seen::Broken;
+  }
+  try {
+    detail::CheckpointFile f(path, h5::Handle(id, H5Fclose), swmr);
+    const std::string& model = f.file().model;
+    const std::string prefix = "/models/generation-";
+    if (model.rfind(prefix, 0) != 0 || f.num_images() != 2) {
+      *detail = str_cat("unexpected content: model '", model, "', ", f.num_images(), " images");
+      return Seen::Broken;
+    }
+    *generation = std::stoll(model.substr(prefix.size()));
+    for (int64_t i = 0; i < 2; ++i) {
+      ImageState st = f.state(i);
+      if (st.rows != st.last_step + 1) {
+        *detail = str_cat("image ", i, ": ", st.rows, " rows but last_step ", st.last_step);
+        return Seen::Broken;
+      }
+    }
+    return Seen::Consistent;
+  } catch (const Error& e) {
+    *detail = str_cat(e.kind(), ": ", e.what());
+    return Seen::Broken;
+  }
+}
+
+// Issue 16: a reader polling the path while the checkpoint is created must never break the
+// writer (it used to take HDF5's file lock between H5Fcreate and H5Fstart_swmr_write) and must
+// find either no file or a consistent one. Another process polls with a SWMR reader about every
+// millisecond and with a plain H5Fopen about every 5 ms while this one creates, fills a step,
+// closes and removes the checkpoint 200 times. Each generation is closed only after the SWMR
+// reader has seen it, so every outcome is exercised whatever the speed of the machine; the
+// only time limit is a hang guard.
+TEST(CheckpointStore, CreationIsAtomicForReadersPollingThePath) {
+  TempDir dir;
+  const std::string path = dir.path("polled.h5");
+  constexpr int kGenerations = 200;
+  int to_reader[2], from_reader[2];  // writer -> reader: stop (EOF); reader -> writer: generations seen, then counts
+  ASSERT_EQ(::pipe(to_reader), 0);
+  ASSERT_EQ(::pipe(from_reader), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_reader[1]);
+    ::close(from_reader[0]);
+    h5::silence_errors();
+    int64_t counts[2][4] = {};  // [plain, swmr][Seen]
+    std::string first_broken, last_seen;
+    int64_t reported = -1;
+    for (int64_t round = 0;; ++round) {
+      struct pollfd stop {to_reader[0], POLLIN, 0};
+      if (::poll(&stop, 1, 0) > 0) break;  // EOF: the writer is done
+      for (bool swmr : {true, false}) {
+        if (!swmr && round % 5 != 0) continue;
+        int64_t generation = -1;
+        std::string detail;
+        Seen seen = poll_once(path, swmr, &generation, &detail);
+        ++counts[swmr][static_cast<int>(seen)];
+        last_seen = str_cat(swmr ? "SWMR" : "plain", " read: outcome ", static_cast<int>(seen), " ", detail);
+        if (seen == Seen::Broken && first_broken.empty()) first_broken = last_seen;
+        if (swmr && seen == Seen::Consistent && generation > reported) {
+          reported = generation;
+          const std::string line = str_cat(generation, "\n");
+          if (::write(from_reader[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) ::_exit(4);
+        }
+      }
+      ::usleep(1000);
+    }
+    std::string summary = "counts";
+    for (auto& c : counts)
+      for (int64_t n : c) summary += str_cat(" ", n);
+    summary += str_cat("\nbroken ", first_broken.empty() ? "-" : first_broken, "\nlast ", last_seen, "\n");
+    if (::write(from_reader[1], summary.data(), summary.size()) != static_cast<ssize_t>(summary.size())) ::_exit(4);
+    ::_exit(0);
+  }
+  ::close(to_reader[0]);
+  ::close(from_reader[1]);
+  FILE* reader_out = ::fdopen(from_reader[0], "r");
+  ASSERT_NE(reader_out, nullptr);
+  auto next_line = [&](std::string* line) {
+    // Hang guard: a line is due within minutes even on a machine far busier than any CI runner.
+    struct pollfd p {from_reader[0], POLLIN, 0};
+    if (::poll(&p, 1, 300 * 1000) <= 0) return false;
+    char buf[4096];
+    if (std::fgets(buf, sizeof(buf), reader_out) == nullptr) return false;
+    *line = buf;
+    if (!line->empty() && line->back() == '\n') line->pop_back();
+    return true;
+  };
+
+  int writer_failures = 0;
+  std::string first_failure, line;
+  bool hung = false;
+  for (int g = 0; g < kGenerations && !hung; ++g) {
+    Job job = tiny_job();
+    job.file.model = str_cat("/models/generation-", g);
+    try {
+      CheckpointWriter w = CheckpointWriter::create(path, job.file, job.images);
+      write_prologue(w, 0);
+      const ImageShape& s = w.contents().shape(0);
+      w.append_step(0, 0, step_latents(s, 0, 0), step_noise(s, 0, 0));
+      // Progress, not time: wait until the reader has seen this generation.
+      for (;;) {
+        if (!next_line(&line)) {
+          hung = true;
+          break;
+        }
+        if (std::stoll(line) >= g) break;
+      }
+      w.close();
+    } catch (const Error& e) {
+      if (writer_failures++ == 0) first_failure = str_cat("generation ", g, ": ", e.kind(), ": ", e.what());
+    }
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+  ::close(to_reader[1]);  // stop the reader; it answers with its counts
+  std::string counts_line, broken_line, last_line;
+  while (next_line(&line) && line.rfind("counts", 0) != 0) {
+  }
+  counts_line = line;
+  next_line(&broken_line);
+  next_line(&last_line);
+  std::fclose(reader_out);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_FALSE(hung) << "the SWMR reader stopped reporting generations; " << last_line;
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "reader process status " << status;
+
+  EXPECT_EQ(writer_failures, 0) << first_failure;
+  int64_t c[2][4] = {};
+  std::istringstream in(counts_line.substr(std::string("counts").size()));
+  for (auto& row : c)
+    for (int64_t& n : row) in >> n;
+  ASSERT_FALSE(in.fail()) << "reader summary: '" << counts_line << "'";
+  const int64_t plain_total = c[0][0] + c[0][1] + c[0][2] + c[0][3], swmr_total = c[1][0] + c[1][1] + c[1][2] + c[1][3];
+  std::cout << "SWMR reader: " << swmr_total << " opens, " << c[1][0] << " not found, " << c[1][1]
+            << " not yet readable, " << c[1][2] << " consistent; plain H5Fopen: " << plain_total << " opens, "
+            << c[0][0] << " not found, " << c[0][1] << " not yet readable (held by the SWMR writer), " << c[0][2]
+            << " consistent\n";
+  EXPECT_EQ(c[1][3] + c[0][3], 0) << "reads that found a broken or half-made file; the first: " << broken_line;
+  EXPECT_EQ(c[1][1], 0) << "a SWMR reader never finds a file it cannot read yet";
+  EXPECT_GE(c[1][2], kGenerations) << "every generation was seen by the SWMR reader";
+  EXPECT_GT(plain_total, 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir.path("")))
+    ADD_FAILURE() << "left behind: " << e.path();
+}
+
 // Writer process killed with SIGKILL at various moments of its append loop, then resume() in this
 // process: the committed rows are intact, an unfinished row is dropped, appending continues. Small
 // rows (2 KiB, packed with metadata) and large ones (128 KiB, chunks of their own).
@@ -339,21 +510,41 @@ TEST_P(KilledWriter, IsResumedWithEveryCommittedRowIntact) {
       }
       ::_exit(0);
     }
-    // Watch the live file through a SWMR reader until step 20 is committed, then kill.
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    bool reached = false;
-    while (!reached && std::chrono::steady_clock::now() < deadline) {
-      try {
-        reached = CheckpointReader::open(path).state(1).last_step >= 20;
-      } catch (const CheckpointError&) {  // not created yet, or still being created
-      }
-      if (!reached) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-    ::kill(child, SIGKILL);
+    // Watch the live file through a SWMR reader until step 20 is committed, then kill. Progress,
+    // not time: the wait ends when step 20 is seen or the writer ends by itself; the only limit is
+    // a hang guard (nothing seen changes for 5 minutes), which reports what was seen last.
+    bool reached = false, ended = false;
     int status = 0;
-    ::waitpid(child, &status, 0);
-    ASSERT_TRUE(reached) << "the writer never reached step 20";
+    std::string seen = "nothing yet";
+    auto changed_at = std::chrono::steady_clock::now();
+    while (!reached) {
+      std::string now_seen;
+      try {
+        const int64_t last = CheckpointReader::open(path).state(1).last_step;
+        reached = last >= 20;
+        now_seen = str_cat("image 1 at last_step ", last);
+      } catch (const CheckpointError& e) {  // not created yet
+        now_seen = e.what();
+      }
+      if (reached) break;
+      if (now_seen != seen) {
+        seen = now_seen;
+        changed_at = std::chrono::steady_clock::now();
+      }
+      if (::waitpid(child, &status, WNOHANG) == child) {
+        ended = true;
+        break;
+      }
+      if (std::chrono::steady_clock::now() - changed_at > std::chrono::minutes(5)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (!ended) {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));  // where in the loop the kill lands
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+    }
+    ASSERT_TRUE(reached) << "the writer never reached step 20 (" << (ended ? "it ended" : "no progress for 5 minutes")
+                         << "; last seen: " << seen << ")";
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended by itself, exit status " << WEXITSTATUS(status);
 
     if (have_h5dump && delay_us == 0) {

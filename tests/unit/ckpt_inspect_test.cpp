@@ -255,47 +255,71 @@ TEST_F(Inspect, ErrorsAndExitCodes) {
   EXPECT_NE(help.out.find("Exit codes: 0 ok, 1 --diff above tolerance"), std::string::npos) << help.out;
 }
 
-// --follow started before the job creates its checkpoint, while this process writes it.
+// --follow started before the job creates its checkpoint, while this process writes it. Paced by
+// progress, not time: each change is made only once the tool has printed the previous one, so
+// every line must appear, in order, however fast or slow the machine; the waits have a hang
+// guard only (the tool's own --timeout and 5 minutes per line here).
 TEST_F(Inspect, FollowPrintsProgressUntilEveryImageIsDecoded) {
   const std::string path = dir_.path("live.h5");
   const std::string log = dir_.path("follow.log");
   std::future<ToolRun> follower = std::async(std::launch::async, [&] {
-    return inspect(shell_quote(path) + " --follow --interval 0.05 --timeout 120 > " + shell_quote(log));
+    return inspect(shell_quote(path) + " --follow --interval 0.05 --timeout 800 > " + shell_quote(log));
   });
   auto log_text = [&] {
     std::ifstream in(log);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  // The tool takes a moment to start: write only once it is waiting for the file.
-  for (int k = 0; k < 1200 && log_text().find("waiting: ") == std::string::npos; ++k)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Waits until the log holds `want` after offset `*at` (then moves `*at` past it); false if the
+  // tool ended or printed nothing new for 5 minutes.
+  size_t at = 0;
+  auto wait_for_line = [&](const std::string& want) {
+    std::string seen = log_text();
+    auto changed_at = std::chrono::steady_clock::now();
+    for (;;) {
+      size_t found = seen.find(want, at);
+      if (found != std::string::npos) {
+        at = found + want.size();
+        return true;
+      }
+      if (follower.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready) {
+        seen = log_text();
+        found = seen.find(want, at);
+        if (found == std::string::npos) return false;
+        at = found + want.size();
+        return true;
+      }
+      std::string now = log_text();
+      if (now != seen) {
+        seen = now;
+        changed_at = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - changed_at > std::chrono::minutes(5)) {
+        return false;
+      }
+    }
+  };
+  ASSERT_TRUE(wait_for_line("waiting: " + path + ": no such file")) << log_text();
   Job job = tiny_job();
   {
     CheckpointWriter w = CheckpointWriter::create(path, job.file, job.images);
+    ASSERT_TRUE(wait_for_line("/images/00000 encoding\n")) << log_text();
     for (int64_t i = 0; i < 2; ++i) {
       const ImageShape& s = w.contents().shape(i);
+      const std::string group = image_group(i);
       write_prologue(w, i);
+      ASSERT_TRUE(wait_for_line(group + " denoising, step 0/4\n")) << log_text();
       for (int64_t k = 0; k < 4; ++k) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
         w.append_step(i, k, step_latents(s, i, k), step_noise(s, i, k));
+        ASSERT_TRUE(wait_for_line(str_cat(group, " denoising, step ", k + 1, "/4\n"))) << log_text();
       }
       w.write_image(i, picture_of(s, i));
       w.set_status(i, ImageStatus::Decoded);
+      if (i == 0) ASSERT_TRUE(wait_for_line(group + " decoded\n")) << log_text();
     }
   }
   ToolRun r = follower.get();
   r.out = log_text() + r.out;
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("waiting: " + path + ": no such file"), std::string::npos) << r.out;
-  // Lines appear in the order the job makes progress.
-  size_t at = 0;
-  for (const std::string& want : {std::string("/images/00000 denoising, step "), std::string("/images/00000 decoded"),
-                                  std::string("/images/00001 denoising, step "), std::string("/images/00001 decoded"),
-                                  std::string("done: 2 of 2 image(s) decoded")}) {
-    size_t found = r.out.find(want, at);
-    EXPECT_NE(found, std::string::npos) << "'" << want << "' after offset " << at << " in\n" << r.out;
-    if (found != std::string::npos) at = found;
-  }
+  EXPECT_NE(r.out.find("/images/00001 decoded\ndone: 2 of 2 image(s) decoded\n", at), std::string::npos) << r.out;
 
   const std::string stuck = dir_.path("stuck.h5");
   CheckpointWriter w = CheckpointWriter::create(stuck, job.file, job.images);
