@@ -295,8 +295,18 @@ TEST(SingleFileRealShapes, DryRunOfFlux1DevFilesWithTheShippedConfigs) {
   const int64_t elements = add_flux1_dev(transformer, "", io::DType::BF16);
   transformer.write(dir / "flux1-dev.safetensors");
   EXPECT_EQ(elements, 11901408320) << "FLUX.1-dev has 11,901,408,320 transformer parameters";
+  // The other three files a FLUX.1-dev user downloads: --dry-run checks every component's headers.
+  io::SafetensorsWriter ae, clip, t5;
+  add_flux_ae_decoder(ae, "");
+  ae.write(dir / "ae.safetensors");
+  add_clip_l(clip, "");
+  clip.write(dir / "clip_l.safetensors");
+  add_t5xxl(t5, "", io::DType::F8_E4M3);
+  t5.write(dir / "t5xxl_fp8_e4m3fn.safetensors");
   for (int ranks : {1, 2, 4}) {
-    JobResult r = run_fluxmpi(ranks, {"--model", dir / "flux1-dev.safetensors", "--dry-run"});
+    JobResult r = run_fluxmpi(ranks, {"--model", dir / "flux1-dev.safetensors", "--vae", dir / "ae.safetensors",
+                                      "--text-encoder", dir / "clip_l.safetensors", "--text-encoder-2",
+                                      dir / "t5xxl_fp8_e4m3fn.safetensors", "--dry-run"});
     const std::string what = "flux1-dev.safetensors --dry-run on " + std::to_string(ranks) + " rank(s)";
     ASSERT_EQ(r.exit_code, 0) << what << ":\n" << r.output;
     EXPECT_NE(r.output.find("FLUX.1-dev"), std::string::npos) << what << ": the shipped FLUX.1-dev configs\n" << r.output;
