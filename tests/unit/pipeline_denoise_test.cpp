@@ -14,33 +14,18 @@
 #include "models/flux/latents.h"
 #include "pipeline/denoise.h"
 #include "sched/flow_match_euler.h"
+#include "support/step_loop.h"
 #include "support/tensor_compare.h"
 
 namespace fluxmpi::pipeline {
 namespace {
 
-class Recorder : public DenoiseObserver {
- public:
-  void on_step(const WorkGroup& g, int64_t step, const at::Tensor& latents, const at::Tensor& v) override {
-    for (int64_t j = 0; j < g.count; ++j) {
-      x[{g.first_image + j, step}] = latents[j].clone();
-      vs[{g.first_image + j, step}] = v[j].clone();
-    }
-  }
-  std::map<std::pair<int64_t, int64_t>, at::Tensor> x, vs;
-};
+using Recorder = test::StepRecorder;
 
 class Denoise : public testing::Test {
  protected:
   void SetUp() override {
-    config_.num_layers = 1;
-    config_.num_single_layers = 2;
-    config_.attention_head_dim = 16;
-    config_.num_attention_heads = 2;
-    config_.joint_attention_dim = 24;
-    config_.pooled_projection_dim = 20;
-    config_.guidance_embeds = true;
-    config_.axes_dims_rope = {4, 6, 6};
+    config_ = test::tiny_loop_transformer();
     model_ = flux::FluxTransformer(config_, flux::TransformerPart::whole(config_));
     nn::fill_random(*model_, 4);
     parallel::PlanRequest r;
