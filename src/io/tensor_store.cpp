@@ -47,6 +47,10 @@ std::vector<int64_t> TensorPiece::shape() const {
   return s;
 }
 
+TensorView TensorView::whole(const TensorEntry& entry, const SafetensorsFile& file) {
+  return TensorView{&entry, &file, {TensorPiece{&entry, &file, 0, entry.shape.empty() ? 1 : entry.shape[0]}}};
+}
+
 bool TensorView::stored_as_is() const {
   if (pieces.size() != 1) return false;
   const TensorPiece& p = pieces[0];
@@ -225,7 +229,7 @@ TensorView TensorStore::get(const std::string& key) const {
   const TensorEntry* e = f.find(key);
   if (e == nullptr)
     throw WeightError(str_cat(label_, ": tensor '", key, "' is listed in the index but missing from '", f.path(), "'"));
-  return TensorView{e, &f, {TensorPiece{e, &f, 0, e->shape.empty() ? 1 : e->shape[0]}}};
+  return TensorView::whole(*e, f);
 }
 
 std::string TensorStore::stored_as(const std::string& key) const {

@@ -38,6 +38,8 @@ struct TensorView {
   const SafetensorsFile* file = nullptr;  ///< the file that holds the pieces
   std::vector<TensorPiece> pieces;        ///< concatenated along dim 0, in order, they are the tensor
 
+  /// The view of a tensor stored as is: one piece covering all its rows.
+  static TensorView whole(const TensorEntry& entry, const SafetensorsFile& file);
   /// One piece covering a whole stored tensor of the presented shape: data() is the tensor.
   bool stored_as_is() const;
   /// The bytes of a tensor stored as is (InternalError otherwise).

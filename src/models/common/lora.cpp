@@ -20,9 +20,7 @@ std::string underscored(std::string s) {
 
 // The pair's tensor as a float32 tensor over (or copied from) the mapped bytes.
 at::Tensor read_fp32(const io::LoraFile& file, const io::TensorEntry& entry) {
-  const int64_t rows = entry.shape.empty() ? 1 : entry.shape[0];
-  io::TensorView view{&entry, &file.file(), {io::TensorPiece{&entry, &file.file(), 0, rows}}};
-  return borrow(view).to(at::kFloat);
+  return borrow(io::TensorView::whole(entry, file.file())).to(at::kFloat);
 }
 
 }  // namespace
