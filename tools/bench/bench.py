@@ -13,7 +13,7 @@ Makes the benchmark model (make-tiny-model --preset bench) and measures, with 1 
 Times are the denoising stage as fluxmpi reports it (start-up, encoding and decoding excluded);
 the configurations take turns --repeat times and each keeps its best time.
 
-  tools/bench/bench.py --patches [--size 512 --steps 28 --repeat 1]   # about 20 min on a quiet machine
+  tools/bench/bench.py --patches [--size 512 --steps 28 --repeat 1]   # about 25 min on a quiet machine
 
 measures patch pipelining instead (docs/performance.md): one image, 2 ranks x 1 thread with
 --patches M --warmup-steps W for M = 2, 4, 8 and W = 1, 2, 4 against 1 rank x 1 thread exact (and
@@ -82,7 +82,7 @@ def patches_bench(a, model):
     """One image: 2 ranks with --patches M --warmup-steps W against 1 rank exact."""
     size, steps = a.size, a.steps
     base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(size), "--width", str(size),
-            "--steps", str(steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug"]
+            "--steps", str(steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug", "--dtype", "fp32"]
     cfg = ["--true-cfg", "2", "--negative-prompt", "blurry, low quality"]
     # (tag, ranks, options): the exact 1-rank reference runs again in the middle of the patched
     # runs (each keeps its best time), so that a slow spell of the machine hits them alike.
