@@ -115,9 +115,10 @@ namespace {
 
 nn::LoadRules clip_load_rules() {
   nn::LoadRules rules;
-  // A buffer of older transformers checkpoints, and the projection of CLIPTextModelWithProjection:
-  // CLIPTextModel never uses either.
-  rules.skip_prefixes = {"text_model.embeddings.position_ids", "text_projection."};
+  // A buffer of older transformers checkpoints, the projection of CLIPTextModelWithProjection and
+  // the contrastive temperature that ComfyUI keeps beside it in the clip_l files it saves:
+  // CLIPTextModel uses none of them.
+  rules.skip_prefixes = {"text_model.embeddings.position_ids", "text_projection.", "logit_scale"};
   return rules;
 }
 

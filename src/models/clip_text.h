@@ -124,7 +124,7 @@ TORCH_MODULE(ClipTextModel);
 at::Tensor clip_pool_positions(const at::Tensor& ids, int64_t eos_token_id);
 
 /// Builds the model from `config` and loads it from `store` (keys `text_model.*`; the
-/// `text_model.embeddings.position_ids` buffer and `text_projection.*` are ignored, every other
+/// `text_model.embeddings.position_ids` buffer, `text_projection.*` and `logit_scale` are ignored, every other
 /// unclaimed key is a WeightError). `adjust` changes weights while they load (LoRA merges).
 ClipTextModel load_clip_text_model(const io::ClipTextConfig& config, const io::TensorStore& store,
                                    at::ScalarType dtype, at::Device device, const nn::WeightAdjust& adjust = {});

@@ -92,10 +92,11 @@ TEST(ClipTextModel, RoundTripsThroughAFile) {
   std::filesystem::remove(path);
 }
 
-TEST(ClipTextModel, PositionIdsBufferAndTextProjectionAreIgnored) {
+TEST(ClipTextModel, PositionIdsBufferTextProjectionAndLogitScaleAreIgnored) {
   auto [source, path] = write_model(tiny_config(), [](io::SafetensorsWriter& w) {
     add(w, "text_model.embeddings.position_ids", at::arange(12, at::kLong).view({1, 12}), io::DType::I64);
     add(w, "text_projection.weight", at::ones({16, 16}));
+    add(w, "logit_scale", at::full({}, 4.6052f));  // as in the clip_l files ComfyUI saves
   });
   EXPECT_EQ(load_error(tiny_config(), path), "");
   std::filesystem::remove(path);
