@@ -69,8 +69,15 @@ for t in "${unit_tests[@]}"; do
   echo "sanitize --torch ($SANITIZERS): $t"
   (cd "$BUILD_DIR/tests" && "./$t" --gtest_brief=1) || failed+=("$t")
 done
-# The message tests as registered (mpiexec -n 1, 2, 3).
-ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' || failed+=(mpi_message)
+# The message tests as registered (mpiexec -n 1, 2, 3). Under ASan without leak detection: Open MPI
+# unloads its components before exit, so LeakSanitizer reports what they kept with frames in
+# "<unknown module>" that no suppression can name (docs/reliability.md); invalid accesses stay fatal.
+if [ "$asan" = 1 ]; then
+  ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' ||
+    failed+=(mpi_message)
+else
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' || failed+=(mpi_message)
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "sanitize --torch ($SANITIZERS): failed: ${failed[*]}" >&2
   exit 1
