@@ -24,6 +24,9 @@ namespace {
 // across a rounding boundary.
 constexpr double kOneBf16Ulp = 3.90625e-3;
 
+// One bf16 ulp at each value's magnitude (8 significant bits).
+at::Tensor bf16_ulp(const at::Tensor& v) { return at::exp2(at::floor(at::log2(v.abs().clamp_min(1e-30))) - 7); }
+
 // Text tokens, then the (latent_h / 2) x (latent_w / 2) image tokens.
 RopeTables tables(int64_t S, int64_t latent_h, int64_t latent_w, const std::vector<int64_t>& axes) {
   return rope_tables(at::cat({text_position_ids(S), image_position_ids(latent_h, latent_w)}, 0), axes);
@@ -68,6 +71,53 @@ TEST(FluxFused, AttentionIntoMatchesNnAttention) {
     const double tol = dtype == at::kFloat ? 1e-6 : 2 * kOneBf16Ulp;
     EXPECT_TRUE(test::close_to(std::string("attention_into ") + nn::dtype_label(dtype), out, ref, tol));
     EXPECT_TRUE(test::identical("columns after the slice", buffer.narrow(-1, H * Dh, 5), at::full({B, N, 5}, 7.0, q.options())));
+  }
+}
+
+TEST(FluxFused, SoftmaxScaledMatchesLibtorchsBf16Softmax) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const double scale = 0.125;
+  // Rows shorter and longer than the kernel's 8 partial sums, and a row whose values are so far
+  // below its maximum that their exponentials underflow.
+  for (int64_t N : {3, 37, 1000}) {
+    at::Tensor x = (8 * at::randn({2, 5, N}, gen)).to(at::kBFloat16);
+    x[1][2].fill_(-30000);
+    x[1][2][0] = 40;
+    at::Tensor ref = at::softmax(x * scale, -1);  // libtorch's bf16 operators, as before this kernel
+    at::Tensor got = x.clone();
+    fused::softmax_scaled_(got, scale);
+    // Probabilities are at most 1: one bf16 rounding of the result is one ulp of 1 at most.
+    EXPECT_TRUE(test::close_to("softmax_scaled_ N=" + std::to_string(N), got, ref, kOneBf16Ulp));
+    EXPECT_TRUE(test::identical("the underflowing row", got[1][2].narrow(0, 1, N - 1), at::zeros({N - 1}, got.options())));
+    EXPECT_EQ(got[1][2][0].item<float>(), 1.0f);
+  }
+}
+
+TEST(FluxFused, LayerNormModulateIsWithinItsRoundingsOfFp64) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  for (int64_t D : {5, 40, 512, 3072}) {
+    at::Tensor x = (2 + 3 * at::randn({2, 7, D}, gen)).to(at::kBFloat16);
+    // shift and scale as the blocks pass them: chunks of the AdaNorm projection [B, 3 * D].
+    at::Tensor mod = (0.5 * at::randn({2, 3 * D}, gen)).to(at::kBFloat16);
+    std::vector<at::Tensor> c = mod.chunk(3, 1);
+    at::Tensor got = fused::layer_norm_modulate(x, c[0], c[1], 1e-6).to(at::kDouble);
+    // The operators' arithmetic in fp64, keeping their one bf16 rounding of an input: 1 + scale.
+    at::Tensor t = (1 + c[1].unsqueeze(1)).to(at::kDouble);
+    at::Tensor normed = at::layer_norm(x.to(at::kDouble), {D}, {}, {}, 1e-6);
+    at::Tensor truth = c[0].unsqueeze(1).to(at::kDouble) + normed * t;
+    // Two roundings to nearest bf16, of the normed x and of the result: half an ulp of the normed
+    // value times |1 + scale|, plus half an ulp of the result; 1e-6 of the terms' size covers
+    // the float mean and variance.
+    at::Tensor bound = 0.5 * bf16_ulp(normed) * t.abs() + 0.5 * bf16_ulp(got) +
+                       1e-6 * ((normed * t).abs() + c[0].unsqueeze(1).to(at::kDouble).abs());
+    at::Tensor err = (got - truth).abs();
+    EXPECT_TRUE((err <= bound).all().item<bool>())
+        << "layer_norm_modulate D=" << D << ": largest error / bound " << (err / bound).max().item<double>();
+    // libtorch 1.13's bf16 layer_norm + addcmul, which this kernel replaces, is no closer.
+    at::Tensor ops = at::addcmul(c[0].unsqueeze(1), at::layer_norm(x, {D}, {}, {}, 1e-6), 1 + c[1].unsqueeze(1));
+    EXPECT_LE(err.max().item<double>(), (ops.to(at::kDouble) - truth).abs().max().item<double>()) << "D=" << D;
   }
 }
 

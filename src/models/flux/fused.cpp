@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "models/common/attention.h"
@@ -82,7 +83,119 @@ void rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, float e
   });
 }
 
+// The bits of a float and back (defined behaviour, and vectorised by the compiler).
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// e^x for x <= 0 in plain float arithmetic (no libm call, so that a loop of it vectorises):
+// x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (truncation < 6e-9
+// relative), times 2^n written into the exponent bits. Below -87 (e^-87 ~ 1.6e-38, near the
+// smallest normal float) the result is 0, as libtorch's softmax gives there.
+inline float exp_nonpositive(float x_in) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float x = x_in < -87.0f ? -87.0f : x_in;
+  const float shifted = x * 1.44269504088896341f + kRound;
+  const float n = shifted - kRound;
+  const int32_t ni = static_cast<int32_t>(float_bits(shifted) - float_bits(kRound));  // n as an integer
+  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;  // ln2 in two parts
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float e = p * bits_float(static_cast<uint32_t>(ni + 127) << 23);
+  return x_in < -87.0f ? 0.0f : e;
+}
+
+// Sum of n floats in 8 interleaved partial sums (the order rms_norm_rope_kernel uses).
+inline float sum8(const float* v, int64_t n) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += v[i + j];
+  for (; i < n; ++i) part[0] += v[i];
+  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 }  // namespace
+
+void softmax_scaled_(at::Tensor& x, double scale) {
+  FLUX_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() >= 1 && scale > 0,
+             "softmax_scaled_: a contiguous CPU bf16 tensor and a positive scale, got ", x.scalar_type());
+  const int64_t N = x.size(-1), rows = N == 0 ? 0 : x.numel() / N;
+  const float sc = static_cast<float>(scale);
+  c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> e(static_cast<size_t>(N));
+    for (int64_t r = begin; r < end; ++r) {
+      c10::BFloat16* row = xp + r * N;
+      float m = to_float(row[0]);
+      for (int64_t i = 1; i < N; ++i) m = std::max(m, to_float(row[i]));
+      for (int64_t i = 0; i < N; ++i) e[i] = exp_nonpositive((to_float(row[i]) - m) * sc);
+      const float inv = 1.0f / sum8(e.data(), N);
+      for (int64_t i = 0; i < N; ++i) row[i] = c10::BFloat16(e[i] * inv);
+    }
+  });
+}
+
+at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
+  FLUX_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 3 && x.is_contiguous() &&
+                 shift.scalar_type() == at::kBFloat16 && scale.scalar_type() == at::kBFloat16,
+             "layer_norm_modulate: a contiguous CPU bf16 x [B, L, D] and bf16 shift, scale, got ", x.scalar_type(), ", ",
+             shift.scalar_type(), ", ", scale.scalar_type());
+  const int64_t B = x.size(0), L = x.size(1), D = x.size(2);
+  nn::check_shape(shift, {B, D}, "layer_norm_modulate shift [B, D]");
+  nn::check_shape(scale, {B, D}, "layer_norm_modulate scale [B, D]");
+  FLUX_CHECK(shift.stride(1) == 1 && scale.stride(1) == 1, "layer_norm_modulate: shift and scale need a unit last stride");
+  // As the operators: 1 + scale is a bf16 tensor, layer_norm's output is rounded to bf16, and
+  // addcmul(shift, normed, 1 + scale) computes in float and rounds once.
+  std::vector<float> sh(static_cast<size_t>(B * D)), one_plus(static_cast<size_t>(B * D));
+  const c10::BFloat16* shp = shift.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* scp = scale.data_ptr<c10::BFloat16>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < D; ++i) {
+      sh[b * D + i] = to_float(shp[b * shift.stride(0) + i]);
+      one_plus[b * D + i] = round_to<c10::BFloat16>(1.0f + to_float(scp[b * scale.stride(0) + i]));
+    }
+  at::Tensor out = at::empty_like(x);
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const float epsf = static_cast<float>(eps), invD = 1.0f / static_cast<float>(D);
+  at::parallel_for(0, B * L, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> v(static_cast<size_t>(D));
+    for (int64_t r = begin; r < end; ++r) {
+      const c10::BFloat16* xr = xp + r * D;
+      for (int64_t i = 0; i < D; ++i) v[i] = to_float(xr[i]);
+      const float mean = sum8(v.data(), D) * invD;
+      for (int64_t i = 0; i < D; ++i) v[i] -= mean;
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= D; i += 8)
+        for (int j = 0; j < 8; ++j) part[j] += v[i + j] * v[i + j];
+      for (; i < D; ++i) part[0] += v[i] * v[i];
+      const float var = (((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]))) * invD;
+      // libtorch's form of the normalisation: x * rstd + (-rstd * mean).
+      const float rstd = 1.0f / std::sqrt(var + epsf), bias = -rstd * mean;
+      const float* s = sh.data() + (r / L) * D;
+      const float* t = one_plus.data() + (r / L) * D;
+      c10::BFloat16* o = op + r * D;
+      for (i = 0; i < D; ++i)
+        o[i] = c10::BFloat16(s[i] + round_to<c10::BFloat16>(to_float(xr[i]) * rstd + bias) * t[i]);
+    }
+  });
+  return out;
+}
 
 bool applies(const at::Tensor& t) {
   return t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
@@ -125,8 +238,8 @@ void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       for (int64_t h0 = 0; h0 < H; h0 += chunk) {
         const int64_t n = std::min(chunk, H - h0);
         at::Tensor scores = at::bmm(q[b].narrow(0, h0, n), k[b].narrow(0, h0, n).transpose(1, 2));
-        scores.mul_(scale);
-        o4.narrow(1, h0, n).copy_(at::bmm(at::softmax(scores, -1), v[b].narrow(0, h0, n)).transpose(0, 1));
+        softmax_scaled_(scores, scale);  // the scale inside: no bf16 rounding of the scaled scores
+        o4.narrow(1, h0, n).copy_(at::bmm(scores, v[b].narrow(0, h0, n)).transpose(0, 1));
       }
     }
     return;

@@ -23,6 +23,17 @@ bool applies(const at::Tensor& t);
 void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double eps, const RopeTables& rope, int64_t row0,
                         at::Tensor& out);
 
+/// softmax(x * scale) over the last dim of a contiguous CPU bf16 tensor, in place: each row's
+/// exponentials in float (relative error below 1e-6, then one rounding to bf16), as libtorch's
+/// bf16 softmax computes in float; a pass over bf16 data where libtorch 1.13 is 2x slower than its
+/// fp32 kernel. scale > 0.
+void softmax_scaled_(at::Tensor& x, double scale);
+
+/// LayerNorm(x) * (1 + scale) + shift (no affine, `eps`) for a contiguous CPU bf16 x [B, L, D]
+/// and bf16 shift, scale [B, D] (unit last stride): modulate()'s operators in one pass, rounding
+/// to bf16 where they do (1 + scale, the normed x, the result); mean and variance in float.
+at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps);
+
 /// softmax(q k^T * scale) v per (batch, head): q, k [B, H, N, Dh] contiguous, v [B, H, N, Dh]
 /// (any strides), written into out [B, N, H*Dh] (any row stride, unit last stride), head h at
 /// columns h*Dh .. (h+1)*Dh; out may be a column slice of a larger buffer. fp32: one head's
