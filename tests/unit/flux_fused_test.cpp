@@ -94,6 +94,33 @@ TEST(FluxFused, SoftmaxScaledMatchesLibtorchsBf16Softmax) {
   }
 }
 
+TEST(FluxFused, GeluTanhIntoIsWithinOneRoundingOfFp64) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  // Values from deep in the negative tail (where 1 + tanh cancels) to large positive ones.
+  at::Tensor x = at::cat({4 * at::randn({2, 9, 70}, gen), at::linspace(-12, 12, 2 * 9 * 30).view({2, 9, 30})}, 2)
+                     .to(at::kBFloat16);
+  // Into a column slice of a wider buffer, as the single block writes proj_out's input.
+  at::Tensor buffer = at::full({2, 9, 107}, 7.0, x.options());
+  at::Tensor out = buffer.narrow(-1, 3, 100);
+  fused::gelu_tanh_into(x, out);
+  at::Tensor got = out.to(at::kDouble), xd = x.to(at::kDouble);
+  // 0.5 x (1 + tanh(u)) as x sigmoid(2u): the same function without the cancellation of 1 + tanh
+  // in the negative tail, where it would round to 0 even in fp64.
+  at::Tensor truth = xd * at::sigmoid(2 * 0.79788456080286535588 * (xd + 0.044715 * xd * xd * xd));
+  // Computed in float and rounded once: within half a bf16 ulp of the fp64 value, plus 1e-6 of it
+  // for the float arithmetic.
+  at::Tensor err = (got - truth).abs();
+  at::Tensor bound = 0.5 * bf16_ulp(got) + 1e-6 * truth.abs() + 1e-30;
+  const int64_t w = (err / bound).flatten().argmax().item<int64_t>();
+  EXPECT_TRUE((err <= bound).all().item<bool>()) << "worst at x " << xd.flatten()[w].item<double>() << ": "
+      << got.flatten()[w].item<double>() << " against " << truth.flatten()[w].item<double>();
+  // libtorch 1.13's bf16 gelu, which this kernel replaces, is no closer.
+  EXPECT_LE(err.max().item<double>(), (at::gelu(x, "tanh").to(at::kDouble) - truth).abs().max().item<double>());
+  EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 0, 3), at::full({2, 9, 3}, 7.0, x.options())));
+  EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 103, 4), at::full({2, 9, 4}, 7.0, x.options())));
+}
+
 TEST(FluxFused, LayerNormModulateIsWithinItsRoundingsOfFp64) {
   c10::InferenceMode guard;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(6);

@@ -1,5 +1,7 @@
 #include "models/flux/double_block.h"
 
+#include "models/flux/fused.h"
+
 #include <torch/nn/modules/linear.h>
 
 #include "models/common/tensor_utils.h"
@@ -18,7 +20,13 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden) {
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) const {
-  return out_->forward(nn::gelu_tanh(proj_->forward(x)));
+  at::Tensor h = proj_->forward(x);
+  if (h.device().is_cpu() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.stride(2) == 1) {
+    at::Tensor g = at::empty_like(h);
+    fused::gelu_tanh_into(h, g);
+    return out_->forward(g);
+  }
+  return out_->forward(nn::gelu_tanh(h));
 }
 
 at::Tensor clip_fp16(const at::Tensor& x) {

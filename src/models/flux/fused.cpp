@@ -149,6 +149,31 @@ void softmax_scaled_(at::Tensor& x, double scale) {
   });
 }
 
+void gelu_tanh_into(const at::Tensor& x, at::Tensor& out) {
+  FLUX_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
+                 x.dim() == 3 && x.sizes() == out.sizes() && x.stride(2) == 1 && out.stride(2) == 1,
+             "gelu_tanh_into: CPU bf16 x and out [B, N, C] with unit last strides, got ", x.scalar_type(), " ",
+             x.sizes(), " and ", out.scalar_type(), " ", out.sizes());
+  const int64_t N = x.size(1), C = x.size(2);
+  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  // 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3); sigmoid from e^(-2|u|),
+  // which never cancels: 1 / (1 + e) for u >= 0, e / (1 + e) below.
+  constexpr float kBeta = 0.79788456080286535588f, kKappa = 0.044715f;
+  at::parallel_for(0, x.size(0) * N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const c10::BFloat16* xr = xp + (r / N) * x.stride(0) + (r % N) * x.stride(1);
+      c10::BFloat16* o = op + (r / N) * out.stride(0) + (r % N) * out.stride(1);
+      for (int64_t i = 0; i < C; ++i) {
+        const float v = to_float(xr[i]);
+        const float u = kBeta * (v + kKappa * v * v * v);
+        const float e = exp_nonpositive(-2.0f * std::fabs(u));
+        o[i] = c10::BFloat16(v * ((u >= 0.0f ? 1.0f : e) / (1.0f + e)));
+      }
+    }
+  });
+}
+
 at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
   FLUX_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 3 && x.is_contiguous() &&
                  shift.scalar_type() == at::kBFloat16 && scale.scalar_type() == at::kBFloat16,

@@ -29,6 +29,11 @@ void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double ep
 /// fp32 kernel. scale > 0.
 void softmax_scaled_(at::Tensor& x, double scale);
 
+/// GELU with the tanh approximation (at::gelu(x, "tanh")) of a CPU bf16 x [B, N, C] into out of
+/// the same sizes (any row strides, unit last stride: out may be a column slice), computed in float
+/// and rounded once to bf16, as libtorch's bf16 kernel, which runs at half its fp32 speed.
+void gelu_tanh_into(const at::Tensor& x, at::Tensor& out);
+
 /// LayerNorm(x) * (1 + scale) + shift (no affine, `eps`) for a contiguous CPU bf16 x [B, L, D]
 /// and bf16 shift, scale [B, D] (unit last stride): modulate()'s operators in one pass, rounding
 /// to bf16 where they do (1 + scale, the normed x, the result); mean and variance in float.
