@@ -72,12 +72,9 @@ done
 # The message tests as registered (mpiexec -n 1, 2, 3). Under ASan without leak detection: Open MPI
 # unloads its components before exit, so LeakSanitizer reports what they kept with frames in
 # "<unknown module>" that no suppression can name (docs/reliability.md); invalid accesses stay fatal.
-if [ "$asan" = 1 ]; then
-  ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' ||
-    failed+=(mpi_message)
-else
-  ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' || failed+=(mpi_message)
-fi
+mpi_env=()
+if [ "$asan" = 1 ]; then mpi_env=("ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0"); fi
+env "${mpi_env[@]}" ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' || failed+=(mpi_message)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "sanitize --torch ($SANITIZERS): failed: ${failed[*]}" >&2
   exit 1

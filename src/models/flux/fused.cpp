@@ -33,6 +33,18 @@ inline c10::BFloat16 from_float<c10::BFloat16>(float f) { return c10::BFloat16(f
 template <typename T>
 inline float round_to(float f) { return to_float(from_float<T>(f)); }
 
+// term(0) + ... + term(n - 1) in 8 interleaved partial sums, combined pairwise: one fixed order,
+// and a loop the compiler vectorises.
+template <typename Term>
+inline float sum8(int64_t n, Term term) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += term(i + j);
+  for (; i < n; ++i) part[0] += term(i);
+  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 constexpr int64_t kMaxHeadDim = 1024;
 
 template <typename T>
@@ -52,20 +64,12 @@ void rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, float e
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / (N * H), n = (r / H) % N, h = r % H;
       const T* xr = xp + b * sb + n * sn + h * sh;
-      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t i = 0;
-      for (; i + 8 <= Dh; i += 8)
-        for (int j = 0; j < 8; ++j) {
-          const float v = to_float(xr[i + j]);
-          part[j] += v * v;
-        }
-      for (; i < Dh; ++i) {
+      const float ss = sum8(Dh, [&](int64_t i) {
         const float v = to_float(xr[i]);
-        part[0] += v * v;
-      }
-      const float ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+        return v * v;
+      });
       const float inv = 1.0f / std::sqrt(ss / static_cast<float>(Dh) + eps);
-      for (i = 0; i < Dh; ++i) {
+      for (int64_t i = 0; i < Dh; ++i) {
         float v = to_float(xr[i]) * inv;
         if (low) v = round_to<T>(v);
         y[i] = round_to<T>(v * to_float(wp[i]));
@@ -74,7 +78,7 @@ void rms_norm_rope_kernel(const at::Tensor& x, const at::Tensor& weight, float e
       const float* c = cp + (row0 + n) * Dh;
       const float* s = snp + (row0 + n) * Dh;
       T* o = op + ((b * H + h) * Ntot + row0 + n) * Dh;
-      for (i = 0; i + 1 < Dh; i += 2) {
+      for (int64_t i = 0; i + 1 < Dh; i += 2) {
         const float a = y[i], bb = y[i + 1];
         o[i] = from_float<T>(a * c[i] + (-bb) * s[i]);
         o[i + 1] = from_float<T>(bb * c[i + 1] + a * s[i + 1]);
@@ -118,16 +122,6 @@ inline float exp_nonpositive(float x_in) {
   return x_in < -87.0f ? 0.0f : e;
 }
 
-// Sum of n floats in 8 interleaved partial sums (the order rms_norm_rope_kernel uses).
-inline float sum8(const float* v, int64_t n) {
-  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) part[j] += v[i + j];
-  for (; i < n; ++i) part[0] += v[i];
-  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
 }  // namespace
 
 // The loops of softmax_scaled_ and gelu_tanh_into, compiled also for AVX2 and AVX-512 and
@@ -153,7 +147,7 @@ FLUXMPI_VECTOR_CLONES void softmax_row(c10::BFloat16* row, float* e, int64_t N, 
   float m = part[0];
   for (int j = 1; j < 8; ++j) m = m < part[j] ? part[j] : m;
   for (i = 0; i < N; ++i) e[i] = exp_nonpositive((to_float(row[i]) - m) * sc);
-  const float inv = 1.0f / sum8(e, N);
+  const float inv = 1.0f / sum8(N, [&](int64_t j) { return e[j]; });
   for (i = 0; i < N; ++i) row[i] = c10::BFloat16(e[i] * inv);
 }
 
@@ -225,20 +219,15 @@ at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift, con
     for (int64_t r = begin; r < end; ++r) {
       const c10::BFloat16* xr = xp + r * D;
       for (int64_t i = 0; i < D; ++i) v[i] = to_float(xr[i]);
-      const float mean = sum8(v.data(), D) * invD;
+      const float mean = sum8(D, [&](int64_t i) { return v[i]; }) * invD;
       for (int64_t i = 0; i < D; ++i) v[i] -= mean;
-      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t i = 0;
-      for (; i + 8 <= D; i += 8)
-        for (int j = 0; j < 8; ++j) part[j] += v[i + j] * v[i + j];
-      for (; i < D; ++i) part[0] += v[i] * v[i];
-      const float var = (((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]))) * invD;
+      const float var = sum8(D, [&](int64_t i) { return v[i] * v[i]; }) * invD;
       // libtorch's form of the normalisation: x * rstd + (-rstd * mean).
       const float rstd = 1.0f / std::sqrt(var + epsf), bias = -rstd * mean;
       const float* s = sh.data() + (r / L) * D;
       const float* t = one_plus.data() + (r / L) * D;
       c10::BFloat16* o = op + r * D;
-      for (i = 0; i < D; ++i)
+      for (int64_t i = 0; i < D; ++i)
         o[i] = c10::BFloat16(s[i] + round_to<c10::BFloat16>(to_float(xr[i]) * rstd + bias) * t[i]);
     }
   });
