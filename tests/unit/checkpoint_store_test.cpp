@@ -329,10 +329,13 @@ Seen poll_once(const std::string& path, bool swmr, int64_t* generation, std::str
         detail->find("can't retrieve stat info for file") != std::string::npos)
       return Seen::NotFound;
     // A plain reader refuses a file a SWMR writer holds: not readable yet, by design. Which check
-    // trips first depends on the moment: the "open for writing" mark, or the end of file the
-    // superblock records, which runs ahead of the bytes on disk while the writer works.
+    // trips first depends on the moment: the "open for writing" mark, the end of file the
+    // superblock records, which runs ahead of the bytes on disk while the writer works, or the
+    // superblock's checksum when the plain read (which does not retry as a SWMR read does) meets
+    // the writer rewriting it.
     if (!swmr && (detail->find("file is already open for write") != std::string::npos ||
-                  detail->find("truncated file") != std::string::npos))
+                  detail->find("truncated file") != std::string::npos ||
+                  detail->find("incorrect metadata checksum") != std::string::npos))
       return Seen::NotYetReadable;
     return Seen::Broken;
   }
