@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages fluxmpi needs to build, test and run, when they are missing.
+# Supported: Debian 12 "bookworm" and Debian 13 "trixie" (the package names below exist on both).
 #   scripts/setup.sh            build + test + run dependencies
 #   scripts/setup.sh --fuzz     also clang and its sanitizer runtimes (fuzzing)
 set -euo pipefail
+
+release=unknown
+if [ -r /etc/os-release ]; then
+  release=$(. /etc/os-release && echo "${ID:-}-${VERSION_CODENAME:-}")
+fi
+case "$release" in
+  debian-bookworm | debian-trixie) ;;
+  *) echo "setup: warning: '$release' is not a tested release (Debian 12 bookworm, Debian 13 trixie); trying anyway" >&2 ;;
+esac
 
 packages=(
   build-essential cmake pkg-config git
@@ -12,12 +22,13 @@ packages=(
   libhdf5-dev hdf5-tools                 # checkpoints; h5dump/h5ls/h5clear
   libsentencepiece-dev                   # T5 tokenizer (and its trainer for the demo model)
   libboost-program-options-dev           # command line and INI files
-  nlohmann-json3-dev libgtest-dev libpng-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev
+  libpng-dev libjpeg-dev libwebp-dev     # input images (PNG, JPEG through libjpeg-turbo, WebP)
   libicu-dev                             # CLIP tokenizer: NFC, Unicode lower-casing and regex
   python3-numpy python3-h5py python3-pil # ../shared/tools/check-cli.sh and the HDF5 examples
 )
 if [ "${1:-}" = "--fuzz" ]; then
-  packages+=(clang libclang-rt-14-dev)
+  packages+=(clang libclang-rt-dev)     # the release's default clang and its sanitizer runtimes
 fi
 
 missing=()
