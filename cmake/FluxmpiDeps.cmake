@@ -14,6 +14,13 @@ fluxmpi_need(nlohmann_json_FOUND "nlohmann-json" "nlohmann-json3-dev")
 find_package(PNG QUIET)
 fluxmpi_need(PNG_FOUND "libpng" "libpng-dev")
 
+# Input images (src/io/image_file.cpp): libjpeg-turbo is the JPEG decoder Pillow uses.
+find_package(JPEG QUIET)
+fluxmpi_need(JPEG_FOUND "libjpeg (libjpeg-turbo)" "libjpeg-dev")
+
+pkg_check_modules(WEBP QUIET IMPORTED_TARGET libwebp)
+fluxmpi_need(WEBP_FOUND "libwebp" "libwebp-dev")
+
 find_package(ICU QUIET COMPONENTS uc i18n)
 fluxmpi_need(ICU_FOUND "ICU (Unicode normalisation, case mapping and regex)" "libicu-dev")
 

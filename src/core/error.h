@@ -14,7 +14,7 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,   ///< internal error, communication failure, I/O failure while running
   kExitUsage = 2,     ///< bad command line, INI file, prompts file or output path
-  kExitBadInput = 3,  ///< bad model files, tokenizer files or checkpoint
+  kExitBadInput = 3,  ///< bad model files, tokenizer files, checkpoint or input image
 };
 
 /// Concatenates anything streamable into one string: str_cat("got ", 3, " of ", n).
@@ -51,6 +51,8 @@ FLUXMPI_DEFINE_ERROR(WeightError, kExitBadInput)
 FLUXMPI_DEFINE_ERROR(TokenizerError, kExitBadInput)
 /// HDF5 checkpoints given to --resume or fluxmpi-inspect.
 FLUXMPI_DEFINE_ERROR(CheckpointError, kExitBadInput)
+/// Input images and masks (--image, --mask, --control-image): undecodable, truncated, too large.
+FLUXMPI_DEFINE_ERROR(ImageError, kExitBadInput)
 /// Messages between ranks that do not match what the receiver expects.
 FLUXMPI_DEFINE_ERROR(CommError, kExitFailure)
 /// Reading or writing files while running (disk full, permissions changed, ...).
