@@ -1,8 +1,12 @@
 #include "ckpt/checkpoint_file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "core/error.h"
 
@@ -50,13 +54,59 @@ herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* out) {
   return 0;
 }
 
+// Whether another process holds the write lock a fluxmpi writer keeps on its checkpoint (an
+// open file description lock, see CheckpointWriter); probing takes no lock.
+bool held_by_writer(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct flock lk {};
+  lk.l_type = F_WRLCK;
+  lk.l_whence = SEEK_SET;
+  bool held = ::fcntl(fd, F_OFD_GETLK, &lk) == 0 && lk.l_type != F_UNLCK;
+  ::close(fd);
+  return held;
+}
+
+// HDF5 1.14 retries a metadata read whose checksum fails (a SWMR reader meeting a writer's
+// half-written entry) with a sleep that doubles from 1 ns each time: its default of 100 attempts
+// never ends on a file that is simply damaged. 30 attempts wait about one second in all (1.10
+// retries without sleeping); a live writer's entry is whole again long before that.
+constexpr unsigned kSwmrReadAttempts = 30;
+
+std::string truncated_message(const std::string& path, const std::string& size, const std::string& recorded) {
+  return str_cat(path, ": truncated HDF5 file, shorter than its superblock says (", size,
+                 " bytes, the superblock records ", recorded, ")");
+}
+
 }  // namespace
+
+void CheckpointFile::check_not_truncated(const std::string& path, hid_t file, bool writer_may_be_live) {
+  haddr_t eoa = 0;
+  if (H5Fget_eoa(file, &eoa) < 0) {
+    h5::take_error();
+    return;
+  }
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec || static_cast<haddr_t>(size) >= eoa) return;
+  // HDF5 1.10 refused such a file when opening it; 1.14 opens it and then waits on the missing
+  // metadata. A SWMR writer's end of allocation may run ahead of its data: only a file no writer
+  // holds is known to be truncated.
+  if (writer_may_be_live && held_by_writer(path)) return;
+  throw CheckpointError(truncated_message(path, std::to_string(size), std::to_string(eoa)));
+}
 
 std::string CheckpointFile::open_failure(const std::string& path, const std::string& detail) {
   if (detail.find("signature not found") != std::string::npos)
     return str_cat(path, ": not an HDF5 file (no HDF5 signature)");
-  if (detail.find("truncated file") != std::string::npos)
+  if (detail.find("truncated file") != std::string::npos) {
+    // HDF5 1.10 says "truncated file: eof = A, sblock->base_addr = 0, stored_eof = B": the same
+    // line as check_not_truncated's, whichever HDF5 found it.
+    std::smatch m;
+    if (std::regex_search(detail, m, std::regex("eof = ([0-9]+).*stored_eof = ([0-9]+)")))
+      return truncated_message(path, m[1].str(), m[2].str());
     return str_cat(path, ": truncated HDF5 file, shorter than its superblock says (HDF5: ", detail, ")");
+  }
   if (detail.find("unable to lock") != std::string::npos)
     return str_cat(path, ": locked by a process that is creating or writing it (HDF5: ", detail, ")");
   return str_cat(path, ": cannot be opened as an HDF5 file (HDF5: ", detail, ")");
@@ -69,8 +119,14 @@ Handle CheckpointFile::open_for_reading(const std::string& path) {
   if (fs::is_directory(path, ec)) throw CheckpointError(str_cat(path, ": is a directory, expected an HDF5 file"));
   if (!std::ifstream(path, std::ios::binary)) throw CheckpointError(str_cat(path, ": cannot be read (permission denied?)"));
 
-  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, H5P_DEFAULT);
-  if (f >= 0) return Handle(f, H5Fclose);
+  Handle swmr_fapl = h5::plist_handle(H5Pcreate(H5P_FILE_ACCESS), Fault::Checkpoint, path);
+  h5::check_status(H5Pset_metadata_read_attempts(swmr_fapl.get(), kSwmrReadAttempts), Fault::Checkpoint, path);
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, swmr_fapl.get());
+  if (f >= 0) {
+    Handle opened(f, H5Fclose);
+    check_not_truncated(path, f, /*writer_may_be_live=*/true);
+    return opened;
+  }
   std::string detail = h5::take_error();
   // A writer killed before it started SWMR leaves "open for writing" without the SWMR mark, which
   // SWMR readers refuse. The private property h5clear uses lets a read-only open ignore the mark
@@ -79,7 +135,11 @@ Handle CheckpointFile::open_for_reading(const std::string& path) {
   hbool_t clear = true;
   if (H5Pset(fapl.get(), "clear_status_flags", &clear) >= 0) {
     f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
-    if (f >= 0) return Handle(f, H5Fclose);
+    if (f >= 0) {
+      Handle opened(f, H5Fclose);
+      check_not_truncated(path, f, /*writer_may_be_live=*/true);
+      return opened;
+    }
     detail = h5::take_error();
   }
   throw CheckpointError(open_failure(path, detail));

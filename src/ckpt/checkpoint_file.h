@@ -22,6 +22,10 @@ class CheckpointFile {
   // One line for a failed H5Fopen of `path`, from the innermost HDF5 message (not HDF5 at all,
   // truncated, locked, or else the HDF5 message itself).
   static std::string open_failure(const std::string& path, const std::string& detail);
+  /// Throws CheckpointError when the file is shorter than the end of allocation its superblock
+  /// records (a truncated copy or download), unless a live writer holds the file: its end of
+  /// allocation may run ahead of the data it is still writing.
+  static void check_not_truncated(const std::string& path, hid_t file, bool writer_may_be_live);
 
   // Takes an open file and validates it (attributes, every dataset, committed rows).
   // `swmr_reader`: refresh dataset metadata before each read, as a SWMR reader must.

@@ -124,7 +124,10 @@ void publish(const std::string& tmp, const std::string& path) {
 
 Handle latest_format_fapl(Fault fault, const std::string& path) {
   Handle fapl = h5::plist_handle(H5Pcreate(H5P_FILE_ACCESS), fault, path);
-  h5::check_status(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), fault, path);
+  // The 1.10 file format, the oldest that SWMR writing takes, and the newest 1.10 reads: a file
+  // written with HDF5 1.14 (Debian 13) is read by 1.10 (Debian 12), and the other way round.
+  // LATEST would mean "1.14's format" there.
+  h5::check_status(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), fault, path);
   return fapl;
 }
 
@@ -378,6 +381,7 @@ CheckpointWriter CheckpointWriter::resume(const std::string& path, const FileAtt
   // metadata can point to some of them; were that space handed out again, new rows would
   // overwrite them. As `h5clear --increment` does, move the end of allocation to the end of the
   // file first (this changes nothing else, even if the file then turns out to be another job's).
+  detail::CheckpointFile::check_not_truncated(path, id, /*writer_may_be_live=*/false);
   haddr_t eoa = 0;
   h5::check_status(H5Fget_eoa(id, &eoa), Fault::Checkpoint, str_cat(path, ": cannot read the end of allocation"));
   const auto eof = static_cast<haddr_t>(fs::file_size(path, ec));

@@ -85,10 +85,12 @@ TEST_F(CheckpointValidation, TruncatedFile) {
   std::string path = good();
   const auto size = std::filesystem::file_size(path);
   std::filesystem::resize_file(path, size / 2);
-  const std::string prefix = str_cat("CheckpointError: ", path, ": truncated HDF5 file, shorter than its superblock says (HDF5: ");
-  EXPECT_EQ(open_error(path).rfind(prefix, 0), 0u) << open_error(path);
-  EXPECT_NE(open_error(path).find(str_cat("stored_eof = ", size)), std::string::npos) << open_error(path);
-  EXPECT_EQ(resume_error(path).rfind(prefix, 0), 0u) << resume_error(path);
+  // HDF5 1.10 refuses the open itself, 1.14 opens the file (and would then wait on the missing
+  // metadata): both end in the same line.
+  const std::string expected = str_cat("CheckpointError: ", path, ": truncated HDF5 file, shorter than its superblock says (",
+                                       size / 2, " bytes, the superblock records ", size, ")");
+  EXPECT_EQ(open_error(path), expected);
+  EXPECT_EQ(resume_error(path), expected);
 }
 
 TEST_F(CheckpointValidation, PlainHdf5FileIsNotACheckpoint) {
