@@ -29,18 +29,24 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return at::matmul(at::softmax(scores, -1), v_layout);
 }
 
-}  // namespace
-
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
-                     std::optional<double> scale, bool causal) {
-  FLUX_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention expects [B, H, L, Dh] tensors");
-  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
 #if TORCH_VERSION_MAJOR >= 2
-  if (!bias.defined() || q.is_cuda()) {
-    return at::scaled_dot_product_attention(q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
-                                            0.0, causal && !bias.defined(), s);
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                          double scale, bool causal) {
+  if (bias.defined() && causal) {
+    // SDPA takes a mask or is_causal, not both: the causal mask joins the bias.
+    const int64_t lq = q.size(-2), lk = k.size(-2);
+    at::Tensor future = at::ones({lq, lk}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+    at::Tensor b = bias.expand({q.size(0), q.size(1), lq, lk}).masked_fill(future, -std::numeric_limits<float>::infinity());
+    return at::scaled_dot_product_attention(q, k, v, b.to(q.scalar_type()), 0.0, false, scale);
   }
+  std::optional<at::Tensor> mask;
+  if (bias.defined()) mask = bias.scalar_type() == q.scalar_type() ? bias : bias.to(q.scalar_type());
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal && !bias.defined(), scale);
+}
 #endif
+
+at::Tensor chunked_math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                                  double s, bool causal) {
   const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), Lk = k.size(2);
   const int64_t per_head = Lq * Lk * static_cast<int64_t>(q.element_size());
   const int64_t heads_per_chunk = std::max<int64_t>(1, kAttentionChunkBytes / std::max<int64_t>(per_head, 1));
@@ -58,6 +64,30 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     out.narrow(0, start, n).copy_(math_attention(q3.narrow(0, start, n), k3.narrow(0, start, n), v3.narrow(0, start, n), bc, s, causal));
   }
   return out.reshape({B, H, Lq, v.size(3)});
+}
+
+}  // namespace
+
+bool sdpa_available() { return TORCH_VERSION_MAJOR >= 2; }
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                     std::optional<double> scale, bool causal) {
+  return attention_via(AttentionPath::Auto, q, k, v, bias, scale, causal);
+}
+
+at::Tensor attention_via(AttentionPath path, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& bias, std::optional<double> scale, bool causal) {
+  FLUX_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention expects [B, H, L, Dh] tensors");
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (path == AttentionPath::Auto) path = sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
+  if (path == AttentionPath::Sdpa) {
+#if TORCH_VERSION_MAJOR >= 2
+    return sdpa_attention(q, k, v, bias, s, causal);
+#else
+    throw InternalError(str_cat("attention: scaled_dot_product_attention needs libtorch >= 2.0, this is ", TORCH_VERSION));
+#endif
+  }
+  return chunked_math_attention(q, k, v, bias, s, causal);
 }
 
 }  // namespace fluxmpi::nn

@@ -1,0 +1,106 @@
+// nn::attention's two paths against a float64 softmax(q k^T · scale + bias) v, for the calls the
+// models make: plain (FLUX, the VAE), with an additive position bias and no scaling (T5), causal
+// (CLIP), bias and causal together, and a batch x heads count large enough to be chunked. The SDPA
+// path exists with libtorch >= 2 only (Debian 13's 2.6; Debian 12's 1.13 has none), where it is
+// also the path attention() takes.
+
+#include <gtest/gtest.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "models/common/attention.h"
+
+namespace fluxmpi::nn {
+namespace {
+
+struct Call {
+  const char* name;
+  int64_t B, H, L, Dh;
+  bool bias, causal;
+  std::optional<double> scale;
+};
+
+const Call kCalls[] = {
+    {"plain", 2, 4, 40, 16, false, false, std::nullopt},
+    {"t5_bias_unscaled", 1, 4, 33, 8, true, false, 1.0},
+    {"clip_causal", 2, 3, 17, 16, false, true, std::nullopt},
+    {"bias_and_causal", 1, 2, 21, 8, true, true, 0.5},
+};
+
+at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
+                     const Call& c) {
+  const double s = c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.Dh)));
+  at::Tensor scores = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-2, -1)) * s;
+  if (bias.defined()) scores = scores + bias.to(at::kDouble);
+  if (c.causal)
+    scores = scores.masked_fill(at::ones({c.L, c.L}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), v.to(at::kDouble));
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+class AttentionPaths : public testing::TestWithParam<Call> {};
+
+void check_path(AttentionPath path, const Call& c, at::ScalarType dtype, double tol) {
+  at::manual_seed(7);
+  auto opt = at::TensorOptions().dtype(dtype);
+  at::Tensor q = at::randn({c.B, c.H, c.L, c.Dh}, opt), k = at::randn({c.B, c.H, c.L, c.Dh}, opt);
+  at::Tensor v = at::randn({c.B, c.H, c.L, c.Dh}, opt);
+  at::Tensor bias = c.bias ? at::randn({1, c.H, c.L, c.L}, opt) : at::Tensor();
+  at::Tensor out = attention_via(path, q, k, v, bias, c.scale, c.causal);
+  ASSERT_EQ(out.sizes(), q.sizes());
+  EXPECT_EQ(out.scalar_type(), dtype);
+  const double d = max_diff(out, reference(q, k, v, bias, c));
+  EXPECT_LE(d, tol) << c.name << " (" << at::toString(dtype) << "): max |diff| " << d << " > " << tol;
+}
+
+// Tolerances against float64, per dtype: fp32 rounding over ~40 keys; bf16's 8-bit mantissa.
+constexpr double kFp32Tol = 1e-5, kBf16Tol = 5e-2;
+
+TEST_P(AttentionPaths, MathMatchesFloat64) {
+  check_path(AttentionPath::Math, GetParam(), at::kFloat, kFp32Tol);
+  check_path(AttentionPath::Math, GetParam(), at::kBFloat16, kBf16Tol);
+}
+
+TEST_P(AttentionPaths, SdpaMatchesFloat64) {
+  if (!sdpa_available()) GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has no scaled_dot_product_attention";
+  check_path(AttentionPath::Sdpa, GetParam(), at::kFloat, kFp32Tol);
+  check_path(AttentionPath::Sdpa, GetParam(), at::kBFloat16, kBf16Tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Calls, AttentionPaths, testing::ValuesIn(kCalls),
+                         [](const testing::TestParamInfo<Call>& i) { return std::string(i.param.name); });
+
+TEST(AttentionPath, AutoIsSdpaWhereAvailable) {
+  EXPECT_EQ(sdpa_available(), TORCH_VERSION_MAJOR >= 2);
+  at::manual_seed(3);
+  at::Tensor q = at::randn({1, 2, 9, 8}), k = at::randn({1, 2, 9, 8}), v = at::randn({1, 2, 9, 8});
+  at::Tensor bias = at::randn({1, 2, 9, 9});
+  const AttentionPath expected = sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
+  EXPECT_TRUE(at::equal(attention(q, k, v, bias, 1.0), attention_via(expected, q, k, v, bias, 1.0)));
+}
+
+TEST(AttentionPath, SdpaWithoutLibtorch2Throws) {
+  if (sdpa_available()) GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has scaled_dot_product_attention";
+  at::Tensor q = at::randn({1, 1, 4, 8});
+  EXPECT_THROW(attention_via(AttentionPath::Sdpa, q, q, q), std::exception);
+}
+
+// More batch x heads than fit one chunk of kAttentionChunkBytes: the math path splits them, and
+// each head is an independent matmul, so the result equals the unsplit computation bit for bit.
+TEST(AttentionPath, MathChunksDoNotChangeBits) {
+  at::manual_seed(5);
+  const int64_t L = 2048;  // one head's fp32 scores: 16 MiB, so 16 heads per 256 MiB chunk
+  at::Tensor q = at::randn({1, 20, L, 8}), k = at::randn({1, 20, L, 8}), v = at::randn({1, 20, L, 8});
+  at::Tensor whole = attention_via(AttentionPath::Math, q, k, v);
+  at::Tensor first = attention_via(AttentionPath::Math, q.narrow(1, 0, 10), k.narrow(1, 0, 10), v.narrow(1, 0, 10));
+  EXPECT_TRUE(at::equal(whole.narrow(1, 0, 10), first));
+}
+
+}  // namespace
+}  // namespace fluxmpi::nn
