@@ -45,12 +45,9 @@ TileGeometry tile_geometry(const io::VaeConfig& config) {
   return g;
 }
 
-namespace {
-
-// blend_v / blend_h: the first `extent` rows (dim 2) or columns (dim 3) of `b` become a linear
-// ramp from the last `extent` of `a` to `b`'s own, in place. Each line is computed as diffusers
-// writes it, a * (1 - k / e) + b * (k / e) with Python-float weights, so the roundings match.
-void blend(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
+// Each line is computed as diffusers writes it, a * (1 - k / e) + b * (k / e) with Python-float
+// weights, so the roundings match.
+void blend_edge(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
   const int64_t e = std::min({a.size(dim), b.size(dim), extent});
   for (int64_t k = 0; k < e; ++k) {
     const double w = static_cast<double>(k) / static_cast<double>(e);
@@ -58,6 +55,8 @@ void blend(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
     line.copy_(a.select(dim, a.size(dim) - e + k) * (1.0 - w) + line * w);
   }
 }
+
+namespace {
 
 at::Tensor tiled_decode(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& g) {
   const int64_t h = z.size(2), w = z.size(3);
@@ -70,8 +69,8 @@ at::Tensor tiled_decode(const DecodeFn& decode, const at::Tensor& z, const TileG
     for (int64_t j = 0, col = 0; j < w; j += stride, ++col) {
       const at::Tensor latent = z.slice(2, i, std::min(i + g.latent_tile, h)).slice(3, j, std::min(j + g.latent_tile, w));
       at::Tensor tile = decode(latent.contiguous());
-      if (!above.empty()) blend(above[static_cast<size_t>(col)], tile, extent, 2);
-      if (!row.empty()) blend(row.back(), tile, extent, 3);
+      if (!above.empty()) blend_edge(above[static_cast<size_t>(col)], tile, extent, 2);
+      if (!row.empty()) blend_edge(row.back(), tile, extent, 3);
       crops.push_back(tile.slice(2, 0, limit).slice(3, 0, limit));
       row.push_back(std::move(tile));
     }

@@ -39,6 +39,11 @@ struct DecodeOptions {
   bool slicing = false;  ///< --vae-slicing: images of a batch one at a time
 };
 
+/// diffusers blend_v (dim 2) / blend_h (dim 3): the first e = min(extent, both sizes along `dim`)
+/// rows or columns of `b` become, in place, a linear ramp from the last e of `a` to `b`'s own.
+/// Shared by tiled decoding (pixels) and tiled encoding (moments).
+void blend_edge(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim);
+
 /// One decoder pass: z [B, latent_channels, h, w] -> image [B, C, h * s, w * s].
 using DecodeFn = std::function<at::Tensor(const at::Tensor&)>;
 
