@@ -6,7 +6,9 @@
 set -euo pipefail
 src=$1 fluxmpi=$2 make_tiny=$3
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+# More ranks than cores: Open MPI 4 reads OMPI_MCA_rmaps_base_oversubscribe, Open MPI 5 (PRRTE) the mapping policy.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$make_tiny" --out "$work/model" --preset tiny >/dev/null 2>&1 || fail "make-tiny-model"

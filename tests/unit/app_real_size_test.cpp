@@ -344,8 +344,10 @@ std::string shell_quote(const std::string& s) {
 }
 
 TEST_F(RealSize, EightRanksGetSevenOrEightBlocksEach) {
-  // Open MPI's settings as environment variables (other MPIs ignore them): root, more ranks than cores.
+  // Open MPI's settings as environment variables (other MPIs ignore them): root, more ranks than
+  // cores (Open MPI 4 reads OMPI_MCA_rmaps_base_oversubscribe, Open MPI 5's PRRTE its mapping policy).
   const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+                          "PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe "
                           "mpirun -np 8 " +
                           shell_quote(std::string(FLUXMPI_BINARY_DIR) + "/fluxmpi") + " --model " +
                           shell_quote(model("FLUX.1-dev")) + " --dry-run 2>&1 < /dev/null";
