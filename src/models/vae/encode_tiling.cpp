@@ -40,29 +40,11 @@ int64_t EncodeTiles::tile_count(int64_t height, int64_t width) const {
 namespace {
 
 at::Tensor tiled_moments(const MomentsFn& encode, const at::Tensor& x, const EncodeTiles& tiles) {
-  const int64_t H = x.size(2), W = x.size(3);
   const int64_t tile = tiles.geometry.sample_tile, stride = tiles.sample_stride();
-  const int64_t extent = tiles.blend_extent(), limit = tiles.row_limit();
   FLUX_CHECK(stride > 0, "VAE tile of ", tile, " pixels has no stride");
   // Blending only reads the previous row of tiles and the tile to the left, so each row is
   // blended as soon as it is encoded: one row of moments is kept, not the whole grid.
-  std::vector<at::Tensor> above;
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < H; i += stride) {
-    std::vector<at::Tensor> row;
-    std::vector<at::Tensor> crops;
-    for (int64_t j = 0, col = 0; j < W; j += stride, ++col) {
-      const at::Tensor pixels = x.slice(2, i, std::min(i + tile, H)).slice(3, j, std::min(j + tile, W));
-      at::Tensor moments = encode(pixels.contiguous());
-      if (!above.empty()) blend_edge(above[static_cast<size_t>(col)], moments, extent, 2);
-      if (!row.empty()) blend_edge(row.back(), moments, extent, 3);
-      crops.push_back(moments.slice(2, 0, limit).slice(3, 0, limit));
-      row.push_back(std::move(moments));
-    }
-    rows.push_back(at::cat(crops, 3));
-    above = std::move(row);
-  }
-  return at::cat(rows, 2);
+  return run_tiled(encode, x, tile, stride, tiles.blend_extent(), tiles.row_limit());
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Semantics of diffusers AutoencoderKL.decode with use_slicing / use_tiling: _decode tiles when
-// the latent is larger than tile_latent_min_size; tiled_decode cuts the latent into tiles that
+// the latent is larger than tile_latent_min_size; run_tiled cuts the latent into tiles that
 // start every int(tile_latent_min_size * (1 - tile_overlap_factor)) cells, decodes each, blends
 // each decoded tile into the (already blended) tile above and the one to its left, and keeps the
 // top-left row_limit x row_limit pixels of each.
@@ -56,23 +56,20 @@ void blend_edge(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim)
   }
 }
 
-namespace {
-
-at::Tensor tiled_decode(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& g) {
-  const int64_t h = z.size(2), w = z.size(3);
-  const int64_t stride = g.latent_stride(), extent = g.blend_extent(), limit = g.row_limit();
+at::Tensor run_tiled(const std::function<at::Tensor(const at::Tensor&)>& run, const at::Tensor& x, int64_t tile,
+                     int64_t stride, int64_t extent, int64_t limit) {
+  const int64_t h = x.size(2), w = x.size(3);
   std::vector<at::Tensor> above;  // the previous row of tiles, blended
   std::vector<at::Tensor> rows;   // each row of cropped tiles, concatenated
   for (int64_t i = 0; i < h; i += stride) {
     std::vector<at::Tensor> row;
     std::vector<at::Tensor> crops;
     for (int64_t j = 0, col = 0; j < w; j += stride, ++col) {
-      const at::Tensor latent = z.slice(2, i, std::min(i + g.latent_tile, h)).slice(3, j, std::min(j + g.latent_tile, w));
-      at::Tensor tile = decode(latent.contiguous());
-      if (!above.empty()) blend_edge(above[static_cast<size_t>(col)], tile, extent, 2);
-      if (!row.empty()) blend_edge(row.back(), tile, extent, 3);
-      crops.push_back(tile.slice(2, 0, limit).slice(3, 0, limit));
-      row.push_back(std::move(tile));
+      at::Tensor out = run(x.slice(2, i, std::min(i + tile, h)).slice(3, j, std::min(j + tile, w)).contiguous());
+      if (!above.empty()) blend_edge(above[static_cast<size_t>(col)], out, extent, 2);
+      if (!row.empty()) blend_edge(row.back(), out, extent, 3);
+      crops.push_back(out.slice(2, 0, limit).slice(3, 0, limit));
+      row.push_back(std::move(out));
     }
     rows.push_back(at::cat(crops, 3));
     above = std::move(row);
@@ -80,7 +77,6 @@ at::Tensor tiled_decode(const DecodeFn& decode, const at::Tensor& z, const TileG
   return at::cat(rows, 2);
 }
 
-}  // namespace
 
 at::Tensor decode_latents(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& geometry,
                           const DecodeOptions& options) {
@@ -89,7 +85,9 @@ at::Tensor decode_latents(const DecodeFn& decode, const at::Tensor& z, const Til
   // The decoder's outputs are inference tensors: blending writes into them in place.
   c10::InferenceMode guard;
   auto one_pass = [&](const at::Tensor& x) {
-    return options.tiling && geometry.applies(x.size(2), x.size(3)) ? tiled_decode(decode, x, geometry) : decode(x);
+    if (!options.tiling || !geometry.applies(x.size(2), x.size(3))) return decode(x);
+    return run_tiled(decode, x, geometry.latent_tile, geometry.latent_stride(), geometry.blend_extent(),
+                     geometry.row_limit());
   };
   if (!options.slicing || z.size(0) == 1) return one_pass(z);
   std::vector<at::Tensor> images;

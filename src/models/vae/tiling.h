@@ -44,6 +44,13 @@ struct DecodeOptions {
 /// Shared by tiled decoding (pixels) and tiled encoding (moments).
 void blend_edge(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim);
 
+/// diffusers' tiled loop, shared by the decode and the encode: `run` on tiles of `tile` x `tile`
+/// of x [B, C, H, W] every `stride`, each blended over `extent` with the tile above and to its
+/// left, cropped to `limit` x `limit`, and the crops concatenated. Only the previous row of tiles
+/// is kept.
+at::Tensor run_tiled(const std::function<at::Tensor(const at::Tensor&)>& run, const at::Tensor& x, int64_t tile,
+                     int64_t stride, int64_t extent, int64_t limit);
+
 /// One decoder pass: z [B, latent_channels, h, w] -> image [B, C, h * s, w * s].
 using DecodeFn = std::function<at::Tensor(const at::Tensor&)>;
 

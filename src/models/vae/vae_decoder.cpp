@@ -34,20 +34,22 @@ at::Tensor VaeDecoderImpl::decode(const at::Tensor& z, const DecodeOptions& opti
   return decode_latents([this](const at::Tensor& x) { return forward(x); }, z, tile_geometry(config_), options);
 }
 
+void check_vae_switch(const io::ModelDir& model, const io::TensorStore& store, bool enabled, const char* key,
+                      const std::string& tensor) {
+  const bool present = store.contains(tensor);
+  if (enabled == present) return;
+  throw ConfigError(str_cat(model.label("vae/config.json"), ": '", key, "' is ", enabled ? "true" : "false",
+                            " but the weights in '", store.dir(), "' ", present ? "have" : "have no", " '", tensor, "'"));
+}
+
 namespace {
 
 // The two config switches that decide which tensors exist: a disagreement is reported against the
 // config key rather than as an anonymous missing or unexpected tensor.
 void check_vae_switches(const io::ModelDir& model, const io::VaeConfig& config, const io::TensorStore& store) {
-  const std::string cfg = model.label("vae/config.json");
-  auto check = [&](bool enabled, const char* key, const std::string& tensor) {
-    const bool present = store.contains(tensor);
-    if (enabled == present) return;
-    throw ConfigError(str_cat(cfg, ": '", key, "' is ", enabled ? "true" : "false", " but the weights in '",
-                              store.dir(), "' ", present ? "have" : "have no", " '", tensor, "'"));
-  };
-  check(config.use_post_quant_conv, "use_post_quant_conv", "post_quant_conv.weight");
-  check(config.mid_block_add_attention, "mid_block_add_attention", "decoder.mid_block.attentions.0.to_q.weight");
+  check_vae_switch(model, store, config.use_post_quant_conv, "use_post_quant_conv", "post_quant_conv.weight");
+  check_vae_switch(model, store, config.mid_block_add_attention, "mid_block_add_attention",
+                   "decoder.mid_block.attentions.0.to_q.weight");
 }
 
 nn::LoadRules vae_load_rules() {

@@ -41,6 +41,12 @@ TORCH_MODULE(VaeDecoder);
 
 /// Checks vae/'s weights against vae/config.json from the safetensors headers alone (every
 /// malformed header, missing, unexpected or misshapen tensor is a WeightError or ConfigError), so
+/// A config switch that decides whether `tensor` exists (use_post_quant_conv, use_quant_conv,
+/// mid_block_add_attention): a disagreement with the weights is a ConfigError naming
+/// vae/config.json and the key, not an anonymous missing or unexpected tensor.
+void check_vae_switch(const io::ModelDir& model, const io::TensorStore& store, bool enabled, const char* key,
+                      const std::string& tensor);
+
 /// a broken VAE is found before any heavy work rather than after the denoising loop.
 void check_vae_weights(const io::ModelDir& model);
 

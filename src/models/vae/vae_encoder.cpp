@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
+#include "models/vae/vae_decoder.h"
 
 namespace fluxmpi::vae {
 
@@ -100,15 +101,9 @@ void check_not_ldm_encoder(const io::TensorStore& store) {
 // The two config switches that decide which encoder tensors exist: a disagreement is reported
 // against the config key rather than as an anonymous missing or unexpected tensor.
 void check_encoder_switches(const io::ModelDir& model, const VaeEncoderConfig& config, const io::TensorStore& store) {
-  const std::string cfg = model.label("vae/config.json");
-  auto check = [&](bool enabled, const char* key, const std::string& tensor) {
-    const bool present = store.contains(tensor);
-    if (enabled == present) return;
-    throw ConfigError(str_cat(cfg, ": '", key, "' is ", enabled ? "true" : "false", " but the weights in '",
-                              store.dir(), "' ", present ? "have" : "have no", " '", tensor, "'"));
-  };
-  check(config.use_quant_conv, "use_quant_conv", "quant_conv.weight");
-  check(config.vae.mid_block_add_attention, "mid_block_add_attention", "encoder.mid_block.attentions.0.to_q.weight");
+  check_vae_switch(model, store, config.use_quant_conv, "use_quant_conv", "quant_conv.weight");
+  check_vae_switch(model, store, config.vae.mid_block_add_attention, "mid_block_add_attention",
+                   "encoder.mid_block.attentions.0.to_q.weight");
 }
 
 nn::LoadRules vae_encoder_load_rules() {
