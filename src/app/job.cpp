@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "app/paths.h"
 #include "core/error.h"
 
@@ -61,7 +63,11 @@ std::size_t find_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
-std::vector<std::string> read_prompts_file(const std::string& path) {
+namespace {
+
+// The non-blank lines of a prompts file with their 1-based numbers: UTF-8 checked, "\r\n" or "\n"
+// line ends, a leading byte-order mark dropped.
+std::vector<std::pair<int64_t, std::string>> prompt_lines(const std::string& path) {
   const std::string label = str_cat("prompts file '", path, "'");
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UsageError(str_cat(label, ": not found"));
@@ -72,7 +78,7 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   if (in.bad()) throw UsageError(str_cat(label, ": cannot be read"));
   if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
 
-  std::vector<std::string> prompts;
+  std::vector<std::pair<int64_t, std::string>> lines;
   size_t start = 0;
   for (int64_t line_number = 1; start <= text.size(); ++line_number) {
     size_t end = text.find('\n', start);
@@ -82,11 +88,69 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
     size_t bad = find_invalid_utf8(line);
     if (bad != std::string_view::npos)
       throw UsageError(str_cat(label, ": line ", line_number, " is not valid UTF-8 (byte ", bad + 1, " of the line)"));
-    if (!is_blank(line)) prompts.emplace_back(line);
+    if (!is_blank(line)) lines.emplace_back(line_number, std::string(line));
     start = end + 1;
   }
-  if (prompts.empty()) throw UsageError(str_cat(label, ": no prompts (the file is empty or has only blank lines)"));
+  if (lines.empty()) throw UsageError(str_cat(label, ": no prompts (the file is empty or has only blank lines)"));
+  return lines;
+}
+
+}  // namespace
+
+std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::vector<std::string> prompts;
+  for (auto& [number, line] : prompt_lines(path)) prompts.push_back(std::move(line));
   return prompts;
+}
+
+PromptsFile read_prompts_or_json_lines(const std::string& path) {
+  PromptsFile out;
+  const auto lines = prompt_lines(path);
+  const std::string& first = lines.front().second;
+  if (first[first.find_first_not_of(" \t\v\f\r")] != '{') {
+    for (const auto& [number, line] : lines) out.prompts.push_back(line);
+    return out;
+  }
+  const fs::path folder = fs::absolute(fs::path(path)).parent_path();
+  for (const auto& [number, line] : lines) {
+    const std::string where = str_cat("prompts file '", path, "': line ", number);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw UsageError(str_cat(where, ": not valid JSON (a JSON Lines file has one object per line): ", e.what()));
+    }
+    if (!j.is_object()) throw UsageError(str_cat(where, ": not a JSON object"));
+    PromptInputs in;
+    in.line = number;
+    auto text = [&](const char* key) -> std::string {
+      if (!j.contains(key)) return "";
+      if (!j[key].is_string()) throw UsageError(str_cat(where, ": \"", key, "\" must be a string"));
+      return j[key].get<std::string>();
+    };
+    auto file = [&](const char* key) -> std::string {
+      std::string p = text(key);
+      if (!j.contains(key)) return "";
+      if (p.empty()) throw UsageError(str_cat(where, ": \"", key, "\" must not be empty"));
+      return (folder / p).lexically_normal().string();  // relative to the file; an absolute path stays
+    };
+    for (const auto& [key, value] : j.items())
+      if (key != "prompt" && key != "image" && key != "mask" && key != "control_image" && key != "strength")
+        throw UsageError(str_cat(where, ": unknown key \"", key, "\" (expected prompt, image, mask, control_image, strength)"));
+    if (!j.contains("prompt")) throw UsageError(str_cat(where, ": no \"prompt\""));
+    out.prompts.push_back(text("prompt"));
+    in.image = file("image");
+    in.mask = file("mask");
+    in.control_image = file("control_image");
+    if (j.contains("strength")) {
+      if (!j["strength"].is_number()) throw UsageError(str_cat(where, ": \"strength\" must be a number"));
+      in.strength = j["strength"].get<double>();
+      if (!(*in.strength > 0.0 && *in.strength <= 1.0))
+        throw UsageError(str_cat(where, ": \"strength\" must be in (0, 1], got ", *in.strength));
+    }
+    out.inputs.push_back(std::move(in));
+  }
+  return out;
 }
 
 std::string image_output_path(const std::string& pattern, int64_t index, int64_t count) {
@@ -121,7 +185,9 @@ std::vector<ImageJob> build_job(const RunConfig& config) {
 
   std::vector<ImageJob> job;
   job.reserve(static_cast<size_t>(count));
-  for (const std::string& prompt : config.prompts) {
+  for (size_t p = 0; p < config.prompts.size(); ++p) {
+    const std::string& prompt = config.prompts[p];
+    const PromptInputs* entry = p < config.prompt_inputs.size() ? &config.prompt_inputs[p] : nullptr;
     for (int64_t k = 0; k < config.num_images; ++k) {
       ImageJob image;
       image.index = static_cast<int64_t>(job.size());
@@ -130,6 +196,11 @@ std::vector<ImageJob> build_job(const RunConfig& config) {
       image.negative_prompt = config.negative_prompt.value_or("");
       image.seed = seed + image.index;
       image.output_path = image_output_path(config.output, image.index, count);
+      // A JSON Lines entry's inputs replace the command line's, one by one.
+      image.image = entry && !entry->image.empty() ? entry->image : config.image;
+      image.mask = entry && !entry->mask.empty() ? entry->mask : config.mask;
+      image.control_image = entry && !entry->control_image.empty() ? entry->control_image : config.control_image;
+      if (entry) image.strength = entry->strength, image.line = entry->line;
       job.push_back(std::move(image));
     }
   }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,10 @@ struct ImageJob {
   std::string negative_prompt;  ///< used only when RunConfig::true_cfg_enabled()
   int64_t seed = 0;             ///< S + index
   std::string output_path;      ///< PNG file of this image
+  /// Image inputs (absolute paths; empty: none): a JSON Lines entry's, else the command line's.
+  std::string image, mask, control_image;
+  std::optional<double> strength;  ///< a JSON Lines entry's --strength, when it gives one
+  int64_t line = 0;                ///< the prompts file's line (JSON Lines), 0 otherwise
 };
 
 /// One ImageJob per image. Needs a resolved seed and at least one prompt (InternalError
@@ -45,6 +50,17 @@ bool resolve_seed(RunConfig& config);
 /// UsageError "prompts file '<path>': ..." for a missing file, a directory, an unreadable file,
 /// invalid UTF-8 (naming line and byte) or a file without any prompt.
 std::vector<std::string> read_prompts_file(const std::string& path);
+
+/// A prompts file that may be JSON Lines: when its first non-blank line starts with '{', every
+/// non-blank line is a JSON object {"prompt": TEXT, "image": FILE, "mask": FILE, "control_image":
+/// FILE, "strength": S} ("prompt" required, the rest optional; paths relative to the file's folder,
+/// made absolute; no other keys). Otherwise plain lines, as read_prompts_file. Throws UsageError
+/// "prompts file '<path>': line N: ..." naming the line.
+struct PromptsFile {
+  std::vector<std::string> prompts;
+  std::vector<PromptInputs> inputs;  ///< JSON Lines only: one per prompt
+};
+PromptsFile read_prompts_or_json_lines(const std::string& path);
 
 /// Byte offset of the first invalid UTF-8 sequence in `text` (overlong forms, surrogates and
 /// code points above U+10FFFF are invalid), or std::string_view::npos when it is valid.

@@ -27,7 +27,7 @@ namespace po = boost::program_options;
 namespace {
 
 enum class Kind { Flag, Text, Integer, Number };
-enum class Group { Model, Sampling, Parallel, Output, General };
+enum class Group { Model, Sampling, Images, Parallel, Output, General };
 
 // One option: its long name is also its INI key.
 struct Spec {
@@ -92,6 +92,23 @@ const Spec kSpecs[] = {
     {"max-sequence-length", 0, Group::Sampling, Kind::Integer, "N", nullptr,
      "T5 tokens, 1..512 (default: 512 for dev, 256 for schnell)", false},
 
+    // Image inputs (docs/images.md): the mode follows from the model and the images given.
+    {"image", 0, Group::Images, Kind::Text, "FILE", nullptr,
+     "PNG/JPEG/WebP input: img2img on a FLUX.1 model, inpainting with --mask, Fill (FluxFillPipeline) with --mask, "
+     "the image to edit on a Kontext model", false},
+    {"mask", 0, Group::Images, Kind::Text, "FILE", nullptr, "inpainting mask, white = repaint (resized to the image, binarised at 50 %)", false},
+    {"control-image", 0, Group::Images, Kind::Text, "FILE", nullptr,
+     "the edge or depth map of a FLUX.1 Canny/Depth model (FluxControlPipeline)", false},
+    {"strength", 0, Group::Images, Kind::Number, "S", nullptr,
+     "img2img/inpaint/Fill: how much of the schedule runs, 0 < S <= 1 (default 0.6; Fill 1)", false},
+    {"pipeline", 0, Group::Images, Kind::Text, "NAME", nullptr,
+     "text2img|img2img|inpaint|fill|control|kontext (or the diffusers class name): when the model folder does not "
+     "say, e.g. a Kontext single file", false},
+    {"max-area", 0, Group::Images, Kind::Integer, "PIXELS", "1048576",
+     "Kontext: the output's pixel count; its aspect is the requested --width/--height's (1024x1024 when not given)", false},
+    {"no-auto-resize", 0, Group::Images, Kind::Flag, nullptr, nullptr,
+     "Kontext: encode the image at its own size (floored to 16), not at the preferred Kontext resolution", false},
+
     {"device", 0, Group::Parallel, Kind::Text, "cpu|cuda", "cpu", "rank r uses cuda:<local rank mod GPUs>, or the CPU", false},
     {"threads", 0, Group::Parallel, Kind::Integer, "N", "0", "CPU threads per rank; 0 = max(1, cores of the node / ranks on it)", false},
     {"balance", 0, Group::Parallel, Kind::Text, "compute|memory", "compute",
@@ -140,6 +157,7 @@ const char* group_caption(Group g) {
   switch (g) {
     case Group::Model: return "Model";
     case Group::Sampling: return "Sampling";
+    case Group::Images: return "Image input";
     case Group::Parallel: return "Parallel";
     case Group::Output: return "Output";
     case Group::General: return "General";
@@ -169,7 +187,7 @@ po::options_description group_table(Group group, bool for_ini) {
 
 po::options_description full_table(bool for_ini) {
   po::options_description all;
-  for (Group g : {Group::Model, Group::Sampling, Group::Parallel, Group::Output, Group::General})
+  for (Group g : {Group::Model, Group::Sampling, Group::Images, Group::Parallel, Group::Output, Group::General})
     all.add(group_table(g, for_ini));
   return all;
 }
@@ -417,6 +435,26 @@ void check_model(const Settings& s, RunConfig& c) {
     s.fail("model", str_cat("'", c.model, "': not a folder or a regular file"));
 }
 
+// The image inputs: absolute paths (their contents are read by prepare_run, before anything
+// heavy), the strength within (0, 1].
+void check_image_inputs(const Settings& s, RunConfig& c) {
+  std::error_code ec;
+  for (auto [name, out] : {std::pair<const char*, std::string*>{"image", &c.image}, {"mask", &c.mask},
+                           {"control-image", &c.control_image}}) {
+    if (!s.has(name)) continue;
+    *out = s.text(name);
+    if (out->empty()) s.fail(name, "must not be empty");
+    *out = fs::absolute(*out, ec).lexically_normal().string();
+  }
+  c.strength = s.number("strength", 0.0, "must be in (0, 1]");
+  if (c.strength && (*c.strength <= 0.0 || *c.strength > 1.0))
+    s.fail("strength", str_cat("must be in (0, 1] (1 = the whole schedule), got ", *c.strength));
+  c.max_area = s.integer("max-area", 1, kMaxImageSide * kMaxImageSide);
+  c.no_auto_resize = s.flag("no-auto-resize");
+  c.pipeline = s.text("pipeline");
+  if (s.has("pipeline") && c.pipeline.empty()) s.fail("pipeline", "must not be empty");
+}
+
 // --lora FILE[:SCALE], in the order given: each file must exist (its contents are checked against
 // the model by prepare_run). Stored with the absolute path, so that the other ranks, the checkpoint
 // and --resume name the same file.
@@ -444,7 +482,9 @@ void check_prompts(const Settings& s, RunConfig& c) {
     c.prompts = {s.text("prompt")};
   } else if (s.has("prompts-file")) {
     c.prompts_file = s.text("prompts-file");
-    c.prompts = read_prompts_file(c.prompts_file);
+    PromptsFile file = read_prompts_or_json_lines(c.prompts_file);
+    c.prompts = std::move(file.prompts);
+    c.prompt_inputs = std::move(file.inputs);
   } else if (!s.has("resume") && !s.flag("dry-run")) {
     throw UsageError("no prompt: give --prompt TEXT or --prompts-file FILE");
   }
@@ -523,6 +563,7 @@ RunConfig validate(const Settings& s) {
 
   check_model(s, c);
   check_loras(s, c);
+  check_image_inputs(s, c);
   check_prompts(s, c);
   check_output_and_checkpoints(s, c);
   return c;

@@ -12,6 +12,8 @@
 #include "models/common/loader.h"
 #include "models/t5_encoder.h"
 #include "models/vae/vae_decoder.h"
+#include "models/vae/vae_encoder.h"
+#include "parallel/encode_memory.h"
 
 namespace fluxmpi::app {
 
@@ -89,6 +91,13 @@ std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& r, cons
     j.negative_prompt = c.negative_prompt ? *c.negative_prompt : a.negative_prompt;
     j.seed = *c.seed + i;
     j.output_path = image_output_path(c.output, i, r.num_images());
+    // The inputs each image was made from, unless the command line names others.
+    j.image = c.was_given("image") ? c.image : a.image.path;
+    j.mask = c.was_given("mask") ? c.mask : a.mask.path;
+    j.control_image = c.was_given("control-image") ? c.control_image : a.control_image.path;
+    if (!c.was_given("strength") && pipeline::uses_strength(pipeline::parse_mode_name(a.pipeline).value_or(
+                                         pipeline::PipelineMode::Text2Img)))
+      j.strength = a.strength;
     out.push_back(std::move(j));
   }
   return out;
@@ -167,6 +176,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   if (!c.resume.empty()) {
     checkpoint.emplace(ckpt::CheckpointReader::open(c.resume));
     fill_from_checkpoint(c, *checkpoint);
+    fill_inputs_from_checkpoint(c, checkpoint->attributes(0), 2 * checkpoint->file().vae_scale_factor);
     run.resumed = true;
   }
   if (c.dtype.empty()) c.dtype = "auto";
@@ -182,6 +192,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
 
   run.model.emplace(model_sources_of(c));
   const io::ModelDir& dir = *run.model;
+  run.inputs = resolve_image_mode(c, dir);
   resolve_defaults(c, dir);
   const io::TransformerConfig& tc = dir.transformer_config();
   run.geometry = flux::latent_geometry(*c.height, *c.width, dir.vae_config().scale_factor(), tc.latent_channels());
@@ -190,6 +201,12 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   if (c.patches > token_rows)
     throw UsageError(str_cat("--patches ", c.patches, " exceeds the ", token_rows, " rows of image tokens of a ", run.geometry.width,
                              "x", run.geometry.height, " image (a patch is at least one row)"));
+  const int64_t vae_scale = dir.vae_config().scale_factor();
+  const int64_t reference_tokens = (run.inputs.condition.height / vae_scale / 2) * (run.inputs.condition.width / vae_scale / 2);
+  if (c.patches > 1 && reference_tokens > 0)
+    throw UsageError(str_cat("--patches ", c.patches, ": a Kontext job with an --image runs exact steps only (the ",
+                             reference_tokens, " reference tokens attend with every patch; patch pipelining splits only "
+                             "the output's tokens)"));
   if (c.patches > 1 && c.warmup_steps >= *c.steps)
     log::warn("--warmup-steps ", c.warmup_steps, " >= --steps ", *c.steps, ": every step runs exact, --patches ",
               c.patches, " changes nothing");
@@ -197,7 +214,11 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   // The job and where each image stands.
   if (!c.dry_run) {
     run.images = (checkpoint && c.prompts.empty()) ? jobs_from_checkpoint(*checkpoint, c) : build_job(c);
-    for (const auto& j : run.images) run.attributes.push_back(attributes_of(j, c, run.geometry));
+    check_job_inputs(run.inputs, run.images, c, dir);
+    for (size_t i = 0; i < run.images.size(); ++i) {
+      run.attributes.push_back(attributes_of(run.images[i], c, run.geometry));
+      set_input_attributes(run.attributes.back(), run.inputs, i);
+    }
   }
   run.file.model = c.model;
   run.file.model_config = tc.json_text;
@@ -206,21 +227,25 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
                       dir.source(io::Component::TextEncoder).path, dir.source(io::Component::TextEncoder2).path,
                       dir.root()};
   run.progress.assign(run.images.size(), ImageProgress{});
+  for (size_t i = 0; i < run.images.size(); ++i) run.progress[i].start_step = run.inputs.images[i].t_start;
   if (checkpoint) {
     // Whether tiling is used is known once the plan is made; it is compared then.
     for (size_t i = 0; i < run.attributes.size() && i < checkpoint->attributes().size(); ++i)
       run.attributes[i].vae_tiling = checkpoint->attributes()[i].vae_tiling;
     ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
+    check_unchanged_inputs(*checkpoint, run.inputs);
     for (size_t i = 0; i < run.images.size(); ++i) {
       ckpt::ImageState s = checkpoint->state(static_cast<int64_t>(i));
       ImageProgress& p = run.progress[i];
       p.decoded = s.status == ckpt::ImageStatus::Decoded;
       p.needs_encoding = s.status == ckpt::ImageStatus::Encoding;
-      p.start_step = p.needs_encoding ? 0 : s.last_step + 1;
+      // The loop runs the full schedule; an image with a strength starts at its t_start.
+      p.start_step = run.inputs.images[i].t_start + (p.needs_encoding ? 0 : s.last_step + 1);
     }
     if (c.patches > 1) {
-      for (const ImageProgress& p : run.progress)
-        if (!p.decoded && p.start_step > 0 && p.start_step < *c.steps) {
+      for (size_t i = 0; i < run.progress.size(); ++i)
+        if (const ImageProgress& p = run.progress[i];
+            !p.decoded && p.start_step > run.inputs.images[i].t_start && p.start_step < *c.steps) {
           log::info("resuming a patch-pipelined run (--patches ", c.patches, "): each image runs ", c.warmup_steps,
                     " exact warm-up step(s) again from the step it resumes at, to refill the key/value buffers that "
                     "checkpoints do not store; the result is deterministic but not bit-identical to an uninterrupted run");
@@ -243,6 +268,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   }
   if (c.dry_run) check_all_components(dir);
   else vae::check_vae_weights(dir);
+  if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) vae::check_vae_encoder_weights(dir);
   run.loras = check_loras(c.loras, dir, /*with_text=*/c.dry_run || run.any_encoding());
 
   parallel::PlanRequest request;
@@ -258,7 +284,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   request.balance = parallel::parse_balance(c.balance);
   request.max_memory = parallel::parse_max_memory(c.max_memory, world_size);
   if (!c.partition.empty()) request.partition = parallel::parse_partition(c.partition, world_size, tc.num_blocks());
-  request.image_tokens = run.geometry.tokens();
+  request.image_tokens = run.geometry.tokens() + reference_tokens;  // Kontext: the reference travels with them
   request.text_tokens = *c.max_sequence_length;
   request.microbatch = c.microbatch;
   request.keep_encoders = c.keep_encoders;
@@ -289,7 +315,21 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   if (checkpoint) ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
 
   if (c.dry_run) {
-    out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + dir.describe_sources() +
+    std::string encode;
+    if (run.inputs.encodes()) {
+      // Rank 0's encode stage: one input at a time, at the size it is encoded at.
+      const bool qc = vae::parse_vae_encoder_config(dir.read_config("vae/config.json")).use_quant_conv;
+      const bool kontext = run.inputs.mode == pipeline::PipelineMode::Kontext;
+      const int64_t h = kontext ? run.inputs.condition.height : run.geometry.height;
+      const int64_t w = kontext ? run.inputs.condition.width : run.geometry.width;
+      const parallel::EncodeStage e =
+          parallel::vae_encode_stage(dir.vae_config(), qc, h, w, request.dtype_bytes, nn::kAttentionChunkBytes);
+      encode = str_cat("VAE encoder stage (rank 0, before its blocks load): weights ", format_bytes(e.weight_bytes),
+                       " + activations ", format_bytes(e.activation_bytes), " at ", w, "x", h, " = ",
+                       format_bytes(e.total()), "\n");
+    }
+    out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
+                 dir.describe_sources() +
                  run.stages->table() + lora_table(run.loras, *run.stages);
     out.dry_run_plan = run.stages;
     return out;
@@ -302,10 +342,12 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   plan.device = c.device;
   plan.threads = c.threads;
   plan.log_level = static_cast<int>(c.log_level);
-  plan.steps = *c.steps;
+  plan.steps = *c.steps;  // the full schedule: images with a strength start at their t_start
   plan.text_tokens = *c.max_sequence_length;
   plan.latent_height = run.geometry.latent_height;
   plan.latent_width = run.geometry.latent_width;
+  plan.reference_height = run.inputs.condition.height / vae_scale;
+  plan.reference_width = run.inputs.condition.width / vae_scale;
   plan.passes = c.true_cfg_enabled() ? 2 : 1;
   plan.patches = c.patches;
   plan.warmup_steps = c.warmup_steps;

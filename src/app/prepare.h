@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "app/image_inputs.h"
 #include "app/job.h"
 #include "app/loras.h"
 #include "app/run_config.h"
@@ -38,6 +39,7 @@ struct PreparedRun {
   RunPlan plan;
   std::optional<parallel::StagePlan> stages;
   LoraCheck loras;  ///< the --lora files, checked against the model
+  JobInputs inputs;  ///< the mode and the decoded input images (every image of the job)
 
   bool any_encoding() const;
 };

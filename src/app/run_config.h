@@ -21,6 +21,14 @@
 
 namespace fluxmpi::app {
 
+/// The image inputs of one line of a JSON Lines prompts file (docs/cli.md, "JSON Lines"): absolute
+/// paths, empty where the line names none (the command line's then apply).
+struct PromptInputs {
+  std::string image, mask, control_image;
+  std::optional<double> strength;
+  int64_t line = 0;  ///< 1-based line of the prompts file
+};
+
 struct RunConfig {
   // Model.
   std::string model;   ///< --model: diffusers FluxPipeline folder or a .safetensors file; empty only with --resume or a --transformer
@@ -38,6 +46,8 @@ struct RunConfig {
   /// (the checkpoint holds them) or --dry-run (no images are made).
   std::vector<std::string> prompts;
   std::string prompts_file;  ///< the --prompts-file the prompts came from; empty for --prompt
+  /// JSON Lines prompts files: one entry per prompt (same order); empty for plain prompts.
+  std::vector<PromptInputs> prompt_inputs;
   std::string prompt_2;      ///< T5 prompt of every image; empty = the prompt itself (diffusers: `prompt_2 or prompt`)
   /// --negative-prompt; absent and "" differ, as in diffusers: true CFG needs a negative prompt.
   std::optional<std::string> negative_prompt;
@@ -49,6 +59,13 @@ struct RunConfig {
   std::optional<int64_t> steps;                ///< num_inference_steps
   std::optional<double> guidance;              ///< guidance_scale (dev); 0 after resolving for schnell
   std::optional<int64_t> max_sequence_length;  ///< T5 tokens, 1..512
+
+  // Image inputs (docs/images.md): absolute paths, empty when not given.
+  std::string image, mask, control_image;
+  std::optional<double> strength;  ///< --strength in (0, 1]; resolved per mode (0.6 img2img/inpaint, 1 Fill)
+  std::string pipeline;            ///< --pipeline NAME, empty when not given
+  std::optional<int64_t> max_area; ///< Kontext: --max-area (default 1024 x 1024)
+  bool no_auto_resize = false;     ///< Kontext: --no-auto-resize
 
   // Output.
   std::string output;         ///< -o pattern; empty = fluxmpi.png / fluxmpi-{i}.png (see image_output_path)

@@ -20,6 +20,7 @@ std::string to_json(const RunPlan& p) {
   j["steps"] = p.steps;
   j["text_tokens"] = p.text_tokens;
   j["latent"] = {p.latent_height, p.latent_width};
+  j["reference"] = {p.reference_height, p.reference_width};
   j["passes"] = p.passes;
   j["patches"] = {p.patches, p.warmup_steps};
   j["groups"] = nlohmann::json::array();
@@ -48,6 +49,8 @@ RunPlan run_plan_from_json(const std::string& text) {
     p.text_tokens = j.at("text_tokens").get<int64_t>();
     p.latent_height = j.at("latent").at(0).get<int64_t>();
     p.latent_width = j.at("latent").at(1).get<int64_t>();
+    p.reference_height = j.at("reference").at(0).get<int64_t>();
+    p.reference_width = j.at("reference").at(1).get<int64_t>();
     p.passes = j.at("passes").get<int>();
     p.patches = j.at("patches").at(0).get<int64_t>();
     p.warmup_steps = j.at("patches").at(1).get<int64_t>();

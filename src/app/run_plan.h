@@ -23,6 +23,7 @@ struct RunPlan {
   int64_t steps = 0;
   int64_t text_tokens = 0;
   int64_t latent_height = 0, latent_width = 0;
+  int64_t reference_height = 0, reference_width = 0;  ///< Kontext: the reference image's latent size (0: none)
   int passes = 1;
   int64_t patches = 1;
   int64_t warmup_steps = 1;

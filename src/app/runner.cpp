@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "app/image_stage.h"
 #include "app/prepare.h"
 #include "ckpt/checkpoint_writer.h"
 #include "core/log.h"
@@ -22,6 +23,7 @@
 #include "models/flux/transformer.h"
 #include "models/vae/image_processor.h"
 #include "models/vae/vae_decoder.h"
+#include "pipeline/image_mode.h"
 #include "pipeline/noise.h"
 #include "pipeline/progress.h"
 #include "pipeline/text_stage.h"
@@ -69,6 +71,7 @@ struct RootRun {
   std::vector<pipeline::PromptEmbedding> text;      // per image (fresh ones)
   std::vector<pipeline::PromptEmbedding> negative;  // per image, true CFG
   std::optional<pipeline::TextEncoders> kept_encoders;
+  std::vector<EncodedImage> conditioning;  // per image, from the input images
   std::vector<StageTime> times;
 };
 
@@ -117,19 +120,21 @@ ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pip
 // Rank 0 writes rows and reports progress after every step.
 class RootObserver : public pipeline::DenoiseObserver {
  public:
+  // t_start: per image, the steps of the full schedule its strength skips (0 without one). The
+  // checkpoint counts an image's steps from there.
   RootObserver(ckpt::CheckpointWriter* writer, const pipeline::DenoiseSetup& setup, int64_t every,
-               pipeline::Progress& progress)
-      : writer_(writer), setup_(setup), steps_(setup.steps), every_(every), progress_(progress) {}
+               pipeline::Progress& progress, std::vector<int64_t> t_start)
+      : writer_(writer), setup_(setup), steps_(setup.steps), every_(every), progress_(progress), t_start_(std::move(t_start)) {}
   void on_step(const pipeline::WorkGroup& g, int64_t step, const at::Tensor& latents, const at::Tensor& v) override {
-    if (writer_ != nullptr) {
+    for (int64_t j = 0; j < g.count && writer_ != nullptr; ++j) {
+      const int64_t i = g.first_image + j, t0 = t_start_[static_cast<size_t>(i)];
       // Before the row: its flush also covers the step's mode.
-      for (int64_t j = 0; j < g.count; ++j) writer_->write_step_mode(g.first_image + j, step, setup_.exact_step(g, step));
+      writer_->write_step_mode(i, step - t0, setup_.exact_step(g, step));
+      if (keep_row(step - t0, steps_ - t0, every_)) writer_->append_step(i, step - t0, latents[j], v[j]);
     }
-    if (writer_ != nullptr && keep_row(step, steps_, every_)) {
-      for (int64_t j = 0; j < g.count; ++j) writer_->append_step(g.first_image + j, step, latents[j], v[j]);
-    }
+    const int64_t t0 = t_start_[static_cast<size_t>(g.first_image)];
     progress_.advance(g.count, str_cat("image ", g.first_image, g.count > 1 ? str_cat("-", g.first_image + g.count - 1) : "",
-                                       " step ", step + 1, "/", steps_));
+                                       " step ", step - t0 + 1, "/", steps_ - t0));
   }
 
  private:
@@ -137,6 +142,7 @@ class RootObserver : public pipeline::DenoiseObserver {
   const pipeline::DenoiseSetup& setup_;
   int64_t steps_, every_;
   pipeline::Progress& progress_;
+  std::vector<int64_t> t_start_;
 };
 
 std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run, size_t i) {
@@ -153,6 +159,14 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
       {"software", str_cat("fluxmpi ", kVersion)},
   };
   if (!a.loras.empty()) t.push_back({"loras", io::loras_to_json(a.loras)});
+  if (a.pipeline != "text2img") {
+    t.push_back({"pipeline", a.pipeline});
+    for (auto [key, in] : {std::pair<const char*, const ckpt::ImageAttributes::Input*>{"image", &a.image},
+                           {"mask", &a.mask},
+                           {"control_image", &a.control_image}})
+      if (!in->path.empty()) t.push_back({key, in->path});
+    if (pipeline::uses_strength(*pipeline::parse_mode_name(a.pipeline))) t.push_back({"strength", str_cat(a.strength)});
+  }
   if (ckpt::uses_true_cfg(a)) {
     t.push_back({"negative_prompt", a.negative_prompt});
     t.push_back({"true_cfg_scale", str_cat(a.true_cfg_scale)});
@@ -227,6 +241,11 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     parallel::apply_threads(parallel::resolve_threads(static_cast<int>(plan.threads), env));
     if (rank == 0) {
       encode_prompts(*root, device);
+      if (root->prepared.inputs.encodes()) {
+        const auto t0 = Clock::now();
+        root->conditioning = encode_image_inputs(root->prepared, root->dtype, device);
+        root->times.push_back({"encode images", seconds_since(t0), stage_peak()});
+      }
       root->prepared.loras = LoraCheck{};  // unmapped: each rank reopens the LoRAs for its slice below
     }
     t_load = Clock::now();
@@ -264,6 +283,8 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     setup.text_tokens = plan.text_tokens;
     setup.latent_height = plan.latent_height;
     setup.latent_width = plan.latent_width;
+    setup.reference_height = plan.reference_height;
+    setup.reference_width = plan.reference_width;
     setup.passes = plan.passes;
     setup.patches = plan.patches;
     setup.warmup_steps = plan.warmup_steps;
@@ -291,14 +312,20 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     else if (!ckpt_path.empty()) writer.emplace(ckpt::CheckpointWriter::create(ckpt_path, run.file, run.attributes));
 
     // Inputs of every image: fresh ones from stage 1 and their seeds, resumed ones from the file.
-    const sched::Schedule schedule = sched::flux_schedule(run.model->scheduler_config(), plan.steps, run.geometry.tokens());
+    // The full schedule of --steps (its shift from the whole image): an image with a strength
+    // starts at its t_start; its checkpoint holds the cut schedule and the rows from there.
+    const JobInputs& inputs = run.inputs;
+    const sched::Schedule schedule = sched::flux_schedule(run.model->scheduler_config(), *c.steps, run.geometry.tokens());
     const size_t n = run.images.size();
     std::vector<at::Tensor> latents(n), text(n), pooled(n), neg_text(n), neg_pooled(n);
+    std::vector<pipeline::Conditioning> cond(n);  // features and inpaint tensors per image
     for (size_t i = 0; i < n; ++i) {
       const ImageProgress& p = run.progress[i];
       if (p.decoded) continue;
       if (p.needs_encoding) {
-        latents[i] = pipeline::initial_latents(run.images[i].seed, run.geometry, dtype);
+        if (!root->conditioning.empty()) cond[i] = root->conditioning[i].conditioning;
+        latents[i] = cond[i].initial.defined() ? cond[i].initial
+                                               : pipeline::initial_latents(run.images[i].seed, run.geometry, dtype);
         text[i] = root->text[i].prompt_embeds;
         pooled[i] = root->text[i].pooled;
         if (plan.passes == 2) {
@@ -307,14 +334,18 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
         }
         if (writer) {
           writer->write_text(static_cast<int64_t>(i), to_checkpoint(root->text[i], plan.passes == 2 ? &root->negative[i] : nullptr));
-          writer->write_schedule(static_cast<int64_t>(i), at::tensor(schedule.timesteps), at::tensor(schedule.sigmas));
+          const sched::Schedule cut = pipeline::cut_schedule(schedule, inputs.images[i].t_start);
+          writer->write_schedule(static_cast<int64_t>(i), at::tensor(cut.timesteps), at::tensor(cut.sigmas));
           writer->write_initial(static_cast<int64_t>(i), latents[i][0]);
+          if (!root->conditioning.empty())
+            write_conditioning(*writer, static_cast<int64_t>(i), inputs.mode, root->conditioning[i]);
           writer->set_status(static_cast<int64_t>(i), ckpt::ImageStatus::Denoising);
         }
       } else {
         const ckpt::CheckpointReader& r = writer->contents();
         ckpt::TextEmbeddings stored = r.text(static_cast<int64_t>(i));
         latents[i] = r.latest_latents(static_cast<int64_t>(i)).to(dtype).unsqueeze(0);
+        cond[i] = stored_conditioning(r, static_cast<int64_t>(i), inputs.mode, dtype);
         text[i] = stored.prompt_embeds.to(dtype);
         pooled[i] = stored.pooled_prompt_embeds.to(dtype);
         if (plan.passes == 2) {
@@ -325,12 +356,14 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     }
     root->text.clear();
     root->negative.clear();
+    root->conditioning.clear();
 
     pipeline::RootState state;
     state.schedule = schedule;
     if (run.model->transformer_config().guidance_embeds) state.guidance = *c.guidance;
     state.true_cfg_scale = c.true_cfg;
     int64_t total = 0;
+    std::vector<pipeline::Conditioning> blends;  // inpaint: per group, [m, L, 4C] on the device
     for (const auto& g : plan.groups) {
       total += g.count * (plan.steps - g.start_step);
       auto gather = [&](const std::vector<at::Tensor>& per_image, bool batch_dim) {
@@ -348,10 +381,38 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       in.pooled = gather(pooled, false);
       in.neg_text = gather(neg_text, false);
       in.neg_pooled = gather(neg_pooled, false);
+      auto gather_cond = [&](at::Tensor pipeline::Conditioning::*field) {
+        std::vector<at::Tensor> per_image;
+        for (size_t i = 0; i < n; ++i) per_image.push_back(cond[i].*field);
+        return gather(per_image, true);
+      };
+      in.features = gather_cond(&pipeline::Conditioning::features);
+      in.reference = gather_cond(&pipeline::Conditioning::reference);
       state.groups.push_back(std::move(in));
+      if (inputs.mode == pipeline::PipelineMode::Inpaint) {
+        pipeline::Conditioning b;
+        b.image_latents = gather_cond(&pipeline::Conditioning::image_latents);
+        b.noise = gather_cond(&pipeline::Conditioning::noise);
+        b.mask = gather_cond(&pipeline::Conditioning::mask);
+        blends.push_back(std::move(b));
+      }
+    }
+    if (inputs.mode == pipeline::PipelineMode::Inpaint) {
+      state.after_step = [&blends, &schedule](size_t gi, int64_t step, pipeline::TokenRange rows, const at::Tensor& x) {
+        const pipeline::Conditioning& b = blends[gi];
+        auto part = [&](const at::Tensor& t) { return t.narrow(1, rows.first, rows.count); };
+        return pipeline::inpaint_blend(x, part(b.image_latents), part(b.noise), part(b.mask), schedule, step);
+      };
+    }
+    if (inputs.mode != pipeline::PipelineMode::Text2Img) {
+      std::string d = describe_inputs(inputs, *c.steps);
+      d.pop_back();  // its newline
+      log::info(d);
     }
     pipeline::Progress progress(total, !c.no_progress);
-    RootObserver observer(writer ? &*writer : nullptr, setup, c.checkpoint_every, progress);
+    std::vector<int64_t> t_start(n);
+    for (size_t i = 0; i < n; ++i) t_start[i] = inputs.images[i].t_start;
+    RootObserver observer(writer ? &*writer : nullptr, setup, c.checkpoint_every, progress, t_start);
     state.observer = &observer;
     auto t_denoise = Clock::now();
     pipeline::denoise(setup, part, *stages, rank, messenger.get(), &state);

@@ -248,6 +248,26 @@ void CheckpointFile::validate_image(int64_t i) {
   a.patches = h5::has_attribute(g.get(), "patches") ? h5::read_int_attribute(g.get(), "patches", group_where) : 1;
   a.warmup_steps =
       h5::has_attribute(g.get(), "warmup_steps") ? h5::read_int_attribute(g.get(), "warmup_steps", group_where) : 1;
+  auto text_or = [&](const char* name, const std::string& fallback) {
+    return h5::has_attribute(g.get(), name) ? h5::read_string_attribute(g.get(), name, group_where) : fallback;
+  };
+  auto int_or = [&](const std::string& name, int64_t fallback) {
+    return h5::has_attribute(g.get(), name.c_str()) ? h5::read_int_attribute(g.get(), name.c_str(), group_where) : fallback;
+  };
+  // Image inputs came later: a file without these attributes is text-to-image.
+  a.pipeline = text_or("pipeline", "text2img");
+  a.family = text_or("family", "flux1");
+  a.strength = h5::has_attribute(g.get(), "strength") ? h5::read_float_attribute(g.get(), "strength", group_where) : 1.0;
+  a.t_start = int_or("t_start", 0);
+  for (auto [name, in] : {std::pair<std::string, ImageAttributes::Input*>{"input_image", &a.image},
+                          {"input_mask", &a.mask},
+                          {"input_control_image", &a.control_image}}) {
+    in->path = text_or(name.c_str(), "");
+    in->height = int_or(name + "_height", 0);
+    in->width = int_or(name + "_width", 0);
+  }
+  a.condition_height = int_or("condition_height", 0);
+  a.condition_width = int_or("condition_width", 0);
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

@@ -258,6 +258,22 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
     h5::write_attribute(g.get(), "vae_tiling", a.vae_tiling, where);
     h5::write_attribute(g.get(), "patches", a.patches, where);
     h5::write_attribute(g.get(), "warmup_steps", a.warmup_steps, where);
+    h5::write_attribute(g.get(), "pipeline", a.pipeline, where);
+    h5::write_attribute(g.get(), "family", a.family, where);
+    h5::write_attribute(g.get(), "strength", a.strength, where);
+    h5::write_attribute(g.get(), "t_start", a.t_start, where);
+    for (auto [name, in] : {std::pair<std::string, const ImageAttributes::Input*>{"input_image", &a.image},
+                            {"input_mask", &a.mask},
+                            {"input_control_image", &a.control_image}}) {
+      if (in->path.empty()) continue;
+      h5::write_attribute(g.get(), name.c_str(), in->path, where);
+      h5::write_attribute(g.get(), (name + "_height").c_str(), in->height, where);
+      h5::write_attribute(g.get(), (name + "_width").c_str(), in->width, where);
+    }
+    if (a.condition_height > 0) {
+      h5::write_attribute(g.get(), "condition_height", a.condition_height, where);
+      h5::write_attribute(g.get(), "condition_width", a.condition_width, where);
+    }
 
     for (const DatasetSpec& spec : dataset_specs(shapes[i])) {
       const std::string name = image_object(static_cast<int64_t>(i), spec.name);
@@ -458,6 +474,15 @@ void CheckpointWriter::write_initial(int64_t i, const at::Tensor& latents) {
   Impl& m = impl();
   m.check_image(i);
   m.write_whole(i, "latents/initial", latents, at::kFloat, H5T_NATIVE_FLOAT);
+}
+
+void CheckpointWriter::write_condition(int64_t i, const std::string& name, const at::Tensor& values) {
+  Impl& m = impl();
+  m.check_image(i);
+  const DatasetSpec& spec = m.file->spec(i, name);
+  if (spec.type == StoredType::UInt8) m.write_whole(i, name, values, at::kByte, H5T_NATIVE_UINT8);
+  else if (spec.type == StoredType::Float32) m.write_whole(i, name, values, at::kFloat, H5T_NATIVE_FLOAT);
+  else throw InternalError(str_cat("checkpoint: ", image_object(i, name), " is not an image input"));
 }
 
 void CheckpointWriter::append_step(int64_t i, int64_t step, const at::Tensor& latents, const at::Tensor& noise_pred) {

@@ -71,6 +71,10 @@ class CheckpointWriter {
   void write_schedule(int64_t image, const at::Tensor& timesteps, const at::Tensor& sigmas);
   /// The packed initial noise [L_img, token_dim].
   void write_initial(int64_t image, const at::Tensor& latents);
+  /// Image-conditioned modes: a float dataset (latents/image, latents/noise, latents/mask) or an
+  /// input's pixels (inputs/image, inputs/control_image [h, w, 3], inputs/mask [h, w] uint8); a
+  /// leading batch dimension of 1 is dropped. Not flushed (the set_status that follows flushes).
+  void write_condition(int64_t image, const std::string& name, const at::Tensor& values);
   /// Appends the row of step `step` (latents after the step, x_{step+1}, and the transformer's
   /// v_step, both [L_img, token_dim]), then commits it through last_step. `step` must exceed the
   /// last committed step and be below num_inference_steps.

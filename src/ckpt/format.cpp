@@ -3,6 +3,7 @@
 #include <charconv>
 #include <ctime>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "io/json_config.h"
@@ -94,12 +95,26 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
   s.latent_width = image.width / f;
   s.latent_channels = config.latent_channels();
   s.image_tokens = (s.latent_height / 2) * (s.latent_width / 2);
-  s.token_dim = config.in_channels;
-  s.steps = image.num_inference_steps;
+  s.token_dim = config.out_channels;
+  if (image.t_start < 0 || image.t_start >= image.num_inference_steps)
+    throw CheckpointError(str_cat(where, ": attribute 't_start' must be in [0, num_inference_steps), got ", image.t_start));
+  s.steps = image.num_inference_steps - image.t_start;
   s.height = image.height;
   s.width = image.width;
   s.true_cfg = uses_true_cfg(image);
   s.patched = image.patches > 1;
+  s.pipeline = image.pipeline;
+  s.image_h = image.image.height, s.image_w = image.image.width;
+  s.mask_h = image.mask.height, s.mask_w = image.mask.width;
+  s.control_h = image.control_image.height, s.control_w = image.control_image.width;
+  const std::string& p = image.pipeline;
+  if (p != "text2img" && p != "img2img" && p != "inpaint" && p != "fill" && p != "control" && p != "kontext")
+    throw CheckpointError(str_cat(where, ": attribute 'pipeline' is '", p,
+                                  "', expected text2img, img2img, inpaint, fill, control or kontext"));
+  if (p == "img2img" || p == "inpaint" || p == "control") s.condition_tokens = s.image_tokens, s.condition_dim = s.token_dim;
+  if (p == "fill") s.condition_tokens = s.image_tokens, s.condition_dim = 5 * s.token_dim;
+  if (p == "kontext" && image.condition_height > 0)
+    s.condition_tokens = (image.condition_height / (2 * f)) * (image.condition_width / (2 * f)), s.condition_dim = s.token_dim;
   return s;
 }
 
@@ -137,6 +152,15 @@ std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
   // Patch pipelining: 1 where the step ran exact (warm-up), 0 where it ran pipelined or not yet.
   if (s.patched) specs.push_back({"latents/exact", T::UInt8, {s.steps}, false});
   specs.push_back({"image", T::UInt8, {s.height, s.width, 3}, false});
+  // Image inputs: the files as decoded (the mask as grey), and what the step loop conditions on.
+  if (s.image_h > 0) specs.push_back({"inputs/image", T::UInt8, {s.image_h, s.image_w, 3}, false});
+  if (s.mask_h > 0) specs.push_back({"inputs/mask", T::UInt8, {s.mask_h, s.mask_w}, false});
+  if (s.control_h > 0) specs.push_back({"inputs/control_image", T::UInt8, {s.control_h, s.control_w, 3}, false});
+  if (s.condition_tokens > 0) specs.push_back({"latents/image", T::Float32, {s.condition_tokens, s.condition_dim}, false});
+  if (s.pipeline == "inpaint") {
+    specs.push_back({"latents/noise", T::Float32, {s.image_tokens, s.token_dim}, false});
+    specs.push_back({"latents/mask", T::Float32, {s.image_tokens, s.token_dim}, false});
+  }
   return specs;
 }
 
@@ -223,6 +247,20 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     d.field(w, "vae_tiling", s.vae_tiling, r.vae_tiling);
     d.field(w, "patches", s.patches, r.patches);
     d.field(w, "warmup_steps", s.warmup_steps, r.warmup_steps);
+    d.field(w, "pipeline", s.pipeline, r.pipeline);
+    d.field(w, "family", s.family, r.family);
+    d.field(w, "strength", s.strength, r.strength);
+    d.field(w, "t_start", s.t_start, r.t_start);
+    for (auto [name, a, b] : {std::tuple<const char*, const ImageAttributes::Input*, const ImageAttributes::Input*>{
+                                  "input_image", &s.image, &r.image},
+                              {"input_mask", &s.mask, &r.mask},
+                              {"input_control_image", &s.control_image, &r.control_image}}) {
+      d.field(w, name, a->path, b->path);
+      d.field(w, str_cat(name, " size").c_str(), std::vector<int64_t>{a->height, a->width},
+              std::vector<int64_t>{b->height, b->width});
+    }
+    d.field(w, "condition_height", s.condition_height, r.condition_height);
+    d.field(w, "condition_width", s.condition_width, r.condition_width);
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

@@ -71,6 +71,22 @@ struct ImageAttributes {
   // Patch pipelining (--patches, --warmup-steps); files without these attributes read as 1, 1.
   int64_t patches = 1;              ///< M; 1: every step exact
   int64_t warmup_steps = 1;         ///< W
+  // Image inputs (docs/images.md, docs/hdf5-format.md); files without these attributes are text2img.
+  std::string pipeline = "text2img";  ///< pipeline::mode_name: text2img, img2img, inpaint, fill, control, kontext
+  std::string family = "flux1";
+  double strength = 1.0;              ///< img2img, inpaint, Fill (1 for the other modes)
+  /// Steps of the full num_inference_steps schedule that the strength skips: the schedule and the
+  /// rows hold the remaining num_inference_steps - t_start steps.
+  int64_t t_start = 0;
+  /// An input file as given (absolute path) and its size as decoded; path empty: not given.
+  struct Input {
+    std::string path;
+    int64_t height = 0, width = 0;
+    bool operator==(const Input& o) const { return path == o.path && height == o.height && width == o.width; }
+  };
+  Input image, mask, control_image;
+  /// Kontext: the size the reference image is encoded at (pixels); 0 without one.
+  int64_t condition_height = 0, condition_width = 0;
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
@@ -94,6 +110,10 @@ struct ImageShape {
   int64_t width = 0;
   bool true_cfg = false;
   bool patched = false;               ///< patches > 1: the image has `latents/exact`
+  std::string pipeline = "text2img";  ///< ImageAttributes::pipeline
+  int64_t image_h = 0, image_w = 0, mask_h = 0, mask_w = 0, control_h = 0, control_w = 0;  ///< inputs/* (0: none)
+  int64_t condition_tokens = 0;       ///< rows of latents/image (0: none)
+  int64_t condition_dim = 0;          ///< its features
 };
 
 /// Element type of a dataset, as stored.

@@ -24,8 +24,13 @@ TransformerConfig parse_transformer_config(const ConfigReader& r) {
   if (c.patch_size != 1) r.fail("patch_size", str_cat("must be 1 (FLUX packs 2x2 latent patches itself), got ", c.patch_size));
   if (c.in_channels % 4 != 0)
     r.fail("in_channels", str_cat("must be a multiple of 4 (packed 2x2 latent patches), got ", c.in_channels));
-  if (c.out_channels != c.in_channels)
-    r.fail("out_channels", str_cat("must equal in_channels (", c.in_channels, ") for FluxPipeline, got ", c.out_channels));
+  // FluxPipeline: in = out; FluxControlPipeline: the control latents follow the latents (in = 2 out);
+  // FluxFillPipeline: masked-image latents and the 8x8-packed mask follow them (in = 6 out).
+  if (c.out_channels % 4 != 0 ||
+      (c.in_channels != c.out_channels && c.in_channels != 2 * c.out_channels && c.in_channels != 6 * c.out_channels))
+    r.fail("out_channels", str_cat("must be a multiple of 4 with in_channels (", c.in_channels,
+                                   ") equal to it (FluxPipeline), twice it (Control) or six times it (Fill), got ",
+                                   c.out_channels));
   if (c.num_blocks() < 1) r.fail("num_layers", "and 'num_single_layers' are both 0: the transformer has no blocks");
   int64_t rope_sum = 0;
   for (int64_t d : c.axes_dims_rope) {
@@ -49,7 +54,7 @@ std::string to_json(const TransformerConfig& c) {
                               {"num_attention_heads", c.num_attention_heads},
                               {"num_layers", c.num_layers},
                               {"num_single_layers", c.num_single_layers},
-                              {"out_channels", nullptr},
+                              {"out_channels", c.out_channels == c.in_channels ? nlohmann::ordered_json() : nlohmann::ordered_json(c.out_channels)},
                               {"patch_size", c.patch_size},
                               {"pooled_projection_dim", c.pooled_projection_dim}};
   return j.dump(2) + "\n";

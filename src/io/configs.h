@@ -29,7 +29,7 @@ struct TransformerConfig {
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
   int64_t num_blocks() const { return num_layers + num_single_layers; }
-  int64_t latent_channels() const { return in_channels / 4; }
+  int64_t latent_channels() const { return out_channels / 4; }  ///< the latents' own channels (Fill/Control inputs carry more)
 };
 TransformerConfig parse_transformer_config(const ConfigReader& reader);
 /// config.json text as diffusers writes it (make-tiny-model).

@@ -16,6 +16,19 @@ const char* variant_name(Variant v) { return v == Variant::Dev ? "dev" : "schnel
 
 namespace {
 
+// model_index.json's _class_name: the FLUX.1 pipelines of diffusers whose folders fluxmpi reads
+// (pipeline/image_mode.h tells what each one does).
+std::string checked_pipeline_class(const ConfigReader& index) {
+  static const char* const kClasses[] = {"FluxPipeline",        "FluxImg2ImgPipeline", "FluxInpaintPipeline",
+                                         "FluxFillPipeline",    "FluxControlPipeline", "FluxKontextPipeline"};
+  std::string cls = index.string("_class_name", "FluxPipeline");
+  for (const char* known : kClasses)
+    if (cls == known) return cls;
+  index.fail("_class_name", str_cat("must be one of FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, "
+                                    "FluxFillPipeline, FluxControlPipeline, FluxKontextPipeline; got \"", cls, "\""));
+  return cls;
+}
+
 void check_pipeline_folder(const std::string& root, const std::string& what) {
   std::error_code ec;
   if (!fs::exists(root, ec)) throw ConfigError(str_cat(what, " '", root, "': not found"));
@@ -81,9 +94,7 @@ std::string ComponentSource::describe() const {
 ModelDir::ModelDir(const std::string& root) : root_(root) {
   check_pipeline_folder(root, "model dir");
   ConfigReader index = read_config("model_index.json");
-  std::string cls = index.string("_class_name", "FluxPipeline");
-  if (cls != "FluxPipeline")
-    index.fail("_class_name", str_cat("must be \"FluxPipeline\", got \"", cls, "\""));
+  pipeline_class_ = checked_pipeline_class(index);
   sources_.model = root;
   for (Component c : kComponents) components_[static_cast<int>(c)].path = (fs::path(root) / component_name(c)).string();
 }
@@ -159,8 +170,7 @@ ModelDir::ModelDir(const ModelSources& given) {
     s.model_config = root_;
   }
   ConfigReader index = read_config("model_index.json");
-  std::string cls = index.string("_class_name", "FluxPipeline");
-  if (cls != "FluxPipeline") index.fail("_class_name", str_cat("must be \"FluxPipeline\", got \"", cls, "\""));
+  pipeline_class_ = checked_pipeline_class(index);
   sources_ = s;
 }
 
@@ -228,9 +238,9 @@ void ModelDir::check_consistency(bool with_text) const {
   const TransformerConfig& t = transformer_config();
   scheduler_config();
   const VaeConfig& v = vae_config();
-  if (v.latent_channels * 4 != t.in_channels)
+  if (v.latent_channels * 4 != t.out_channels)
     throw ConfigError(str_cat(label("vae/config.json"), ": 'latent_channels' (", v.latent_channels,
-                              ") times 4 must equal transformer/config.json 'in_channels' (", t.in_channels, ")"));
+                              ") times 4 must equal transformer/config.json 'out_channels' (", t.out_channels, ")"));
   if (!with_text) return;
   const T5Config& t5 = t5_config();
   if (t5.d_model != t.joint_attention_dim)

@@ -68,6 +68,8 @@ class ModelDir {
   const ClipTextConfig& clip_config() const;
   const T5Config& t5_config() const;
   Variant variant() const { return transformer_config().guidance_embeds ? Variant::Dev : Variant::Schnell; }
+  /// model_index.json's _class_name (of the config folder): "FluxPipeline", "FluxFillPipeline", ...
+  const std::string& pipeline_class() const { return pipeline_class_; }
 
   /// Configs that must agree: T5 d_model = joint_attention_dim, CLIP hidden_size =
   /// pooled_projection_dim, 4 * VAE latent_channels = in_channels. `with_text` = false skips the
@@ -89,6 +91,7 @@ class ModelDir {
 
  private:
   std::string root_;
+  std::string pipeline_class_ = "FluxPipeline";
   ModelSources sources_;
   ComponentSource components_[4];
   mutable std::optional<TransformerConfig> transformer_;

@@ -144,33 +144,40 @@ std::vector<PresentedTensor> map_ldm_vae(const SafetensorsHeader& header, const 
     std::string mapped;
     std::vector<int64_t> shape;
     const TensorEntry* e = header.find(found.prefix + k);
-    if (!starts_with(k, "decoder.")) {
-      mapped = k;  // encoder.*, quant_conv.*, post_quant_conv.*: the same names in diffusers
-    } else if (starts_with(k, "decoder.conv_in.") || starts_with(k, "decoder.conv_out.")) {
+    // The two halves share their names below the side: conv_in, norm_out, mid.*, conv_out.
+    const std::string side = starts_with(k, "encoder.") ? "encoder." : starts_with(k, "decoder.") ? "decoder." : "";
+    const std::string r = k.substr(side.size());
+    if (side.empty()) {
+      mapped = k;  // quant_conv.*, post_quant_conv.*: the same names in diffusers
+    } else if (starts_with(r, "conv_in.") || starts_with(r, "conv_out.")) {
       mapped = k;
-    } else if (starts_with(k, "decoder.norm_out.")) {
-      mapped = "decoder.conv_norm_out." + k.substr(17);
-    } else if (starts_with(k, "decoder.mid.block_1.")) {
-      mapped = "decoder.mid_block.resnets.0." + ldm_resnet(k.substr(20));
-    } else if (starts_with(k, "decoder.mid.block_2.")) {
-      mapped = "decoder.mid_block.resnets.1." + ldm_resnet(k.substr(20));
-    } else if (starts_with(k, "decoder.mid.attn_1.")) {
-      const std::string rest = k.substr(19);
+    } else if (starts_with(r, "norm_out.")) {
+      mapped = side + "conv_norm_out." + r.substr(9);
+    } else if (starts_with(r, "mid.block_1.")) {
+      mapped = side + "mid_block.resnets.0." + ldm_resnet(r.substr(12));
+    } else if (starts_with(r, "mid.block_2.")) {
+      mapped = side + "mid_block.resnets.1." + ldm_resnet(r.substr(12));
+    } else if (starts_with(r, "mid.attn_1.")) {
+      const std::string rest = r.substr(11);
       static const std::pair<const char*, const char*> names[] = {
           {"norm.", "group_norm."}, {"q.", "to_q."}, {"k.", "to_k."}, {"v.", "to_v."}, {"proj_out.", "to_out.0."}};
       for (const auto& [from, to] : names)
-        if (starts_with(rest, from)) mapped = "decoder.mid_block.attentions.0." + std::string(to) + rest.substr(std::string(from).size());
+        if (starts_with(rest, from)) mapped = side + "mid_block.attentions.0." + std::string(to) + rest.substr(std::string(from).size());
       // The LDM attention projections are 1x1 convolutions; diffusers' are linear layers.
       if (!mapped.empty() && e->shape.size() == 4 && e->shape[2] == 1 && e->shape[3] == 1)
         shape = {e->shape[0], e->shape[1]};
-    } else if (auto up = numbered(k, "decoder.up.")) {
-      const int64_t level = up->first;
-      if (level >= levels)
-        throw WeightError(str_cat(label, ": tensor '", found.prefix, k, "' is in up level ", level, " but ", cfg.vae_label,
-                                  " has ", levels, " levels ('block_out_channels')"));
-      const std::string block = "decoder.up_blocks." + std::to_string(levels - 1 - level) + ".";
-      if (auto res = numbered(up->second, "block.")) mapped = block + "resnets." + std::to_string(res->first) + "." + ldm_resnet(res->second);
-      else if (starts_with(up->second, "upsample.conv.")) mapped = block + "upsamplers.0.conv." + up->second.substr(14);
+    } else if (auto level = numbered(r, side == "decoder." ? "up." : "down.")) {
+      if (level->first >= levels)
+        throw WeightError(str_cat(label, ": tensor '", found.prefix, k, "' is in ", side == "decoder." ? "up" : "down", " level ",
+                                  level->first, " but ", cfg.vae_label, " has ", levels, " levels ('block_out_channels')"));
+      // The decoder's LDM levels count from the bottom, diffusers' up_blocks from the top; the
+      // encoder's down levels are numbered alike in both.
+      const std::string block = side == "decoder." ? str_cat("decoder.up_blocks.", levels - 1 - level->first, ".")
+                                                   : str_cat("encoder.down_blocks.", level->first, ".");
+      const char* resample = side == "decoder." ? "upsample.conv." : "downsample.conv.";
+      const char* resampler = side == "decoder." ? "upsamplers.0.conv." : "downsamplers.0.conv.";
+      if (auto res = numbered(level->second, "block.")) mapped = block + "resnets." + std::to_string(res->first) + "." + ldm_resnet(res->second);
+      else if (starts_with(level->second, resample)) mapped = block + resampler + level->second.substr(std::string(resample).size());
     }
     if (mapped.empty())
       throw WeightError(str_cat(label, ": unexpected tensor '", found.prefix, k, "': not a key of the LDM VAE layout"));

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/flux/latents.h"
+#include "pipeline/kontext.h"
 
 namespace fluxmpi::pipeline {
 
@@ -52,8 +53,11 @@ class Worker {
     FLUX_CHECK(setup.patches >= 1 && setup.warmup_steps >= 1, "patches ", setup.patches, ", warm-up steps ",
                setup.warmup_steps);
     const int64_t S = setup.text_tokens;
-    rope_ = part->rope(flux::text_position_ids(S).to(setup.device),
-                       flux::image_position_ids(setup.latent_height, setup.latent_width).to(setup.device));
+    FLUX_CHECK(setup.patches == 1 || setup.reference_tokens() == 0, "patches with Kontext reference tokens");
+    at::Tensor image_ids = flux::image_position_ids(setup.latent_height, setup.latent_width);
+    if (setup.reference_tokens() > 0)
+      image_ids = at::cat({image_ids, reference_position_ids(setup.reference_height, setup.reference_width)}, 0);
+    rope_ = part->rope(flux::text_position_ids(S).to(setup.device), image_ids.to(setup.device));
     rope_.cos = rope_.cos.to(setup.device);
     rope_.sin = rope_.sin.to(setup.device);
     if (setup.patches > 1) {
@@ -76,7 +80,8 @@ class Worker {
   flux::StreamState receive_state(const WorkGroup& g, int64_t step, int pass, const Unit& u) {
     const auto& prev = plan_.blocks(rank_ - 1);
     const bool joint = !prev.ends_in_double();
-    const int64_t m = g.count, S = u.text, L = u.image.count, D = part_->config().inner_dim();
+    const int64_t m = g.count, S = u.text, D = part_->config().inner_dim();
+    const int64_t L = u.image.count + (u.patch < 0 ? setup_.reference_tokens() : 0);  // Kontext: + the reference
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
     std::vector<at::Tensor> buffers;
     if (joint) buffers = {at::empty({m, S + L, D}, opts), at::empty({m, D}, opts)};
@@ -126,7 +131,7 @@ class Worker {
               send_state(s, g, step, pass, u);
             } else {
               messenger_->send(0, MessageTag{MessageKind::NoisePred, g.first_image, step, pass, u.patch},
-                               {part_->final_layer(s).contiguous()});
+                               {noise_prediction(s, u).contiguous()});
             }
           }
         }
@@ -151,7 +156,7 @@ class Worker {
             trigger(setup_.fault, rank_, step);
             flux::StreamState s = part_->embed(inputs(root, gi, step, pass, us[ui]));
             run_blocks(s, gi, step, pass, us[ui]);
-            if (P_ == 1) local.push_back(part_->final_layer(s));
+            if (P_ == 1) local.push_back(noise_prediction(s, us[ui]));
             else send_state(s, g, step, pass, us[ui]);
           }
           if (P_ == 1) finish_unit(root, gi, step, us[ui], local);
@@ -180,6 +185,13 @@ class Worker {
     } else if (ui == 0) {
       for (const Unit& u : prev) finish_unit(root, gi, step - 1, u, collect(g, step - 1, u));
     }
+  }
+
+  // The final layer's output over the unit's image tokens: Kontext's reference tokens are dropped
+  // (FluxKontextPipeline keeps noise_pred[:, :L]).
+  at::Tensor noise_prediction(const flux::StreamState& s, const Unit& u) const {
+    at::Tensor v = part_->final_layer(s);
+    return v.size(1) == u.image.count ? v : v.narrow(1, 0, u.image.count);
   }
 
   std::vector<at::Tensor> collect(const WorkGroup& g, int64_t step, const Unit& u) {
@@ -218,6 +230,9 @@ class Worker {
     const int64_t m = setup_.groups[gi].count;
     flux::TransformerInputs t;
     t.latents = u.patch < 0 ? in.latents : in.latents.narrow(1, u.image.first, u.image.count).contiguous();
+    if (in.reference.defined()) t.latents = at::cat({t.latents, in.reference}, 1);
+    if (in.features.defined())
+      t.latents = at::cat({t.latents, u.patch < 0 ? in.features : in.features.narrow(1, u.image.first, u.image.count)}, 2);
     t.text = pass == 0 ? in.text : in.neg_text;
     if (u.text == 0) t.text = t.text.narrow(1, 0, 0);  // the text travels with patch 0
     t.pooled = pass == 0 ? in.pooled : in.neg_pooled;
@@ -237,8 +252,12 @@ class Worker {
     GroupInputs& in = root.groups[gi];
     const float sigma = root.schedule.sigmas[static_cast<size_t>(step)];
     const float sigma_next = root.schedule.sigmas[static_cast<size_t>(step) + 1];
+    auto step_rows = [&](const at::Tensor& rows, TokenRange range) {
+      at::Tensor x = sched::euler_step(rows, v, sigma, sigma_next);
+      return root.after_step ? root.after_step(gi, step, range, x) : x;
+    };
     if (u.patch < 0) {
-      in.latents = sched::euler_step(in.latents, v, sigma, sigma_next);
+      in.latents = step_rows(in.latents, TokenRange{0, setup_.image_tokens()});
       if (root.observer) root.observer->on_step(setup_.groups[gi], step, in.latents, v);
       return;
     }
@@ -248,7 +267,7 @@ class Worker {
       step_v_[gi] = at::empty({in.latents.size(0), setup_.image_tokens(), v.size(2)}, v.options());
     }
     at::Tensor rows = in.latents.narrow(1, u.image.first, u.image.count);
-    rows.copy_(sched::euler_step(rows, v, sigma, sigma_next));
+    rows.copy_(step_rows(rows, u.image));
     step_v_[gi].narrow(1, u.image.first, u.image.count).copy_(v);
     if (u.patch == static_cast<int32_t>(setup_.patches) - 1 && root.observer)
       root.observer->on_step(setup_.groups[gi], step, in.latents, step_v_[gi]);

@@ -25,6 +25,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -58,6 +59,9 @@ struct DenoiseSetup {
   int64_t steps = 0;        ///< N
   int64_t text_tokens = 0;  ///< S
   int64_t latent_height = 0, latent_width = 0;
+  /// Kontext: the reference image's latent size; its tokens follow the image tokens in every call
+  /// (0: none). Only exact steps (no patches).
+  int64_t reference_height = 0, reference_width = 0;
   int passes = 1;           ///< 2 with true CFG (conditional, then negative prompt)
   int64_t patches = 1;       ///< M: patches per pipelined step; 1 = every step exact
   int64_t warmup_steps = 1;  ///< W >= 1: exact steps at the start of each group's run
@@ -67,6 +71,7 @@ struct DenoiseSetup {
   Fault fault;  ///< reliability tests only (FLUXMPI_FAULT)
 
   int64_t image_tokens() const { return (latent_height / 2) * (latent_width / 2); }
+  int64_t reference_tokens() const { return (reference_height / 2) * (reference_width / 2); }
   /// Whether `step` of `group` runs exact (the whole sequence at once): always with one patch,
   /// else during the group's first W steps from its start step (a resumed group warms up again).
   bool exact_step(const WorkGroup& group, int64_t step) const {
@@ -81,6 +86,11 @@ struct GroupInputs {
   at::Tensor pooled;      ///< [m, pooled_projection_dim]
   at::Tensor neg_text;    ///< true CFG only
   at::Tensor neg_pooled;
+  /// Fill and Control: [m, L, E] features appended to the latents' on every call (the transformer's
+  /// input is [m, L, 4C + E]); undefined otherwise.
+  at::Tensor features;
+  /// Kontext: [m, Li, 4C] reference tokens appended to the latents' tokens; undefined otherwise.
+  at::Tensor reference;
 };
 
 /// Rank 0 is told about every finished step of a group.
@@ -98,6 +108,9 @@ struct RootState {
   double true_cfg_scale = 1.0;
   std::vector<GroupInputs> groups;  ///< one per DenoiseSetup::groups entry
   DenoiseObserver* observer = nullptr;
+  /// Applied to each scheduler step's output before anyone sees it (inpaint's blend): the group's
+  /// index, the step, the image tokens the rows cover, and the stepped rows [m, rows, 4C].
+  std::function<at::Tensor(size_t group, int64_t step, TokenRange rows, const at::Tensor& stepped)> after_step;
 };
 
 /// Runs this rank's share of every step of every group. `messenger` may be null when P = 1.

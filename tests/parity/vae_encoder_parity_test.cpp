@@ -27,58 +27,20 @@
 #include "models/flux/latents.h"
 #include "models/vae/vae_encoder.h"
 #include "support/fixtures.h"
+#include "support/image_cases.h"
 #include "support/tensor_compare.h"
 
 namespace fluxmpi::vae {
 namespace {
 namespace fs = std::filesystem;
 
-struct ImageCase {
-  std::string name;       ///< "<pipeline>/<case>"; empty: no image-inputs manifest
-  std::string kind;
-  std::string file;       ///< absolute path of the tensors
-  std::string model_dir;  ///< the pipeline folder
-  nlohmann::json json;
-};
-
-std::string subtree() { return (fs::path(test::fixture_root()) / "image-inputs").string(); }
-std::string manifest_path() { return (fs::path(subtree()) / "manifest.json").string(); }
+using test::ImageCase;
+using test::image_case_name;
 
 // The vae_encode cases (`vae_encode`), or every other case.
 std::vector<ImageCase> image_cases(bool vae_encode) {
-  if (!fs::is_regular_file(manifest_path())) return {ImageCase{}};
-  const nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest_path()));
-  std::vector<ImageCase> out;
-  for (const auto& [pipeline, p] : m.at("pipelines").items())
-    for (const auto& c : p.at("cases")) {
-      const std::string kind = c.at("kind").get<std::string>();
-      if ((kind == "vae_encode") != vae_encode) continue;
-      out.push_back({pipeline + "/" + c.at("name").get<std::string>(), kind,
-                     (fs::path(subtree()) / c.at("file").get<std::string>()).string(),
-                     fs::weakly_canonical(fs::path(subtree()) / p.at("path").get<std::string>()).string(), c});
-    }
-  if (out.empty()) out.push_back(ImageCase{});
-  return out;
+  return test::image_cases([vae_encode](const std::string& kind) { return (kind == "vae_encode") == vae_encode; });
 }
-
-std::string image_case_name(const testing::TestParamInfo<ImageCase>& info) {
-  std::string n = info.param.name.empty() ? "no_manifest" : info.param.name;
-  for (char& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-}
-
-void PrintTo(const ImageCase& c, std::ostream* os) { *os << (c.name.empty() ? "<no image-inputs manifest>" : c.name); }
-
-#define REQUIRE_IMAGE_CASE(c)                                                               \
-  do {                                                                                      \
-    FLUXMPI_REQUIRE_FIXTURES();                                                             \
-    if ((c).name.empty()) {                                                                 \
-      const std::string why = "no image-inputs case: '" + manifest_path() + "' missing or without this kind"; \
-      if (test::running_in_ci()) FAIL() << why;                                             \
-      GTEST_SKIP() << why;                                                                  \
-    }                                                                                       \
-  } while (0)
 
 // The folder to load a case's VAE from. io::ModelDir reads only FluxPipeline folders so far; the
 // Fill, Control and Kontext folders hold tiny-flux-dev's VAE files (hard links, README), so their

@@ -30,7 +30,8 @@ std::vector<BadInput> rows() {
       BadInput("model_index_not_json", kExitBadInput, "ConfigError", {"model dir '{model}': model_index.json: not valid JSON"})
           .setup([](Workspace& w) { write_bytes(w.model_file("model_index.json"), "{\"_class_name\": \"FluxPipeline\",\n"); }),
       BadInput("model_index_wrong_pipeline", kExitBadInput, "ConfigError",
-               {"model_index.json: '_class_name' must be \"FluxPipeline\", got \"StableDiffusionPipeline\""})
+               {"model_index.json: '_class_name' must be one of FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, "
+                "FluxFillPipeline, FluxControlPipeline, FluxKontextPipeline; got \"StableDiffusionPipeline\""})
           .setup(set_key("model_index.json", "_class_name", "StableDiffusionPipeline")),
 
       // --- One config file: missing, not JSON, missing or ill-typed keys ------------------------
@@ -74,7 +75,7 @@ std::vector<BadInput> rows() {
                {"text_encoder/config.json: 'hidden_size' (48) must equal transformer/config.json 'pooled_projection_dim' (32)"})
           .setup(set_key("text_encoder/config.json", "hidden_size", 48)),
       BadInput("configs_disagree_vae_channels", kExitBadInput, "ConfigError",
-               {"vae/config.json: 'latent_channels' (8) times 4 must equal transformer/config.json 'in_channels' (64)"})
+               {"vae/config.json: 'latent_channels' (8) times 4 must equal transformer/config.json 'out_channels' (64)"})
           .setup(set_key("vae/config.json", "latent_channels", 8)),
 
       // --- Configs that disagree with the weights -----------------------------------------------

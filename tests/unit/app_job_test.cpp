@@ -195,3 +195,79 @@ TEST_F(Job, SeedIsResolvedOnce) {
 
 }  // namespace
 }  // namespace fluxmpi::app
+
+namespace fluxmpi::app {
+namespace {
+
+// JSON Lines prompts files (docs/cli.md): one object per line, paths relative to the file.
+class JsonLines : public Job {
+ protected:
+  std::string error(const std::string& text) const {
+    try {
+      read_prompts_or_json_lines(write("p.jsonl", text));
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "(no UsageError)";
+  }
+};
+
+TEST_F(JsonLines, EntriesWithInputsRelativeToTheFile) {
+  const std::string file = write("p.jsonl",
+                                 "{\"prompt\": \"a red door\", \"image\": \"in/a.png\", \"strength\": 0.5}\n"
+                                 "\n"
+                                 "{\"prompt\": \"a blue door\", \"image\": \"/abs/b.png\", \"mask\": \"m.png\"}\r\n");
+  const PromptsFile f = read_prompts_or_json_lines(file);
+  EXPECT_EQ(f.prompts, (Prompts{"a red door", "a blue door"}));
+  ASSERT_EQ(f.inputs.size(), 2u);
+  EXPECT_EQ(f.inputs[0].image, path("in/a.png"));
+  EXPECT_EQ(f.inputs[0].strength, 0.5);
+  EXPECT_EQ(f.inputs[0].line, 1);
+  EXPECT_EQ(f.inputs[1].image, "/abs/b.png");
+  EXPECT_EQ(f.inputs[1].mask, path("m.png"));
+  EXPECT_FALSE(f.inputs[1].strength.has_value());
+  EXPECT_EQ(f.inputs[1].line, 3);
+}
+
+TEST_F(JsonLines, PlainLinesStayPlain) {
+  const PromptsFile f = read_prompts_or_json_lines(write("p.txt", "a cat\n  {not json} a dog\n"));
+  EXPECT_EQ(f.prompts, (Prompts{"a cat", "  {not json} a dog"}));
+  EXPECT_TRUE(f.inputs.empty());
+}
+
+TEST_F(JsonLines, ErrorsNameTheLine) {
+  EXPECT_THAT(error("{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"image\": 3}\n"), HasSubstr("line 2: \"image\" must be a string"));
+  EXPECT_THAT(error("{\"prompt\": \"a\"}\n{\"prompt\": \"b\"\n"), HasSubstr("line 2: not valid JSON"));
+  EXPECT_THAT(error("{\"image\": \"a.png\"}\n"), HasSubstr("line 1: no \"prompt\""));
+  EXPECT_THAT(error("{\"prompt\": \"a\", \"seed\": 4}\n"), HasSubstr("line 1: unknown key \"seed\""));
+  EXPECT_THAT(error("{\"prompt\": \"a\", \"strength\": 0}\n"), HasSubstr("line 1: \"strength\" must be in (0, 1], got 0"));
+  EXPECT_THAT(error("{\"prompt\": \"a\"}\n[1, 2]\n"), HasSubstr("line 2: not a JSON object"));
+}
+
+TEST_F(JsonLines, BuildJobTakesEachEntrysInputsElseTheCommandLines) {
+  RunConfig c;
+  c.seed = 3;
+  c.num_images = 2;
+  c.image = "/cli/photo.png";
+  c.mask = "/cli/mask.png";
+  c.prompts = {"a", "b"};
+  PromptInputs first;
+  first.image = "/lines/one.png";
+  first.strength = 0.4;
+  first.line = 1;
+  PromptInputs second;
+  second.line = 2;
+  c.prompt_inputs = {first, second};
+  const std::vector<ImageJob> job = build_job(c);
+  ASSERT_EQ(job.size(), 4u);
+  EXPECT_EQ(job[1].image, "/lines/one.png");
+  EXPECT_EQ(job[1].mask, "/cli/mask.png");
+  EXPECT_EQ(job[1].strength, 0.4);
+  EXPECT_EQ(job[1].line, 1);
+  EXPECT_EQ(job[2].image, "/cli/photo.png");
+  EXPECT_FALSE(job[2].strength.has_value());
+  EXPECT_EQ(job[3].line, 2);
+}
+
+}  // namespace
+}  // namespace fluxmpi::app

@@ -32,7 +32,7 @@ std::string row_text(const std::vector<std::pair<int, std::string>>& cells) {
 }
 
 std::string progress(const ckpt::ImageAttributes& a, const ckpt::ImageState& s) {
-  return str_cat(s.last_step + 1, "/", a.num_inference_steps);
+  return str_cat(s.last_step + 1, "/", a.num_inference_steps - a.t_start);  // the steps that run (img2img: fewer)
 }
 
 // "exact steps 0-1, 4; pipelined 2-3, 5" over the steps run so far.
@@ -73,6 +73,20 @@ void print_summary(const ckpt::CheckpointReader& r, std::optional<int64_t> only,
                      {w[5], a.dtype},
                      {0, "\"" + shorten(a.prompt, 48) + "\""}})
         << "\n";
+  }
+  // Image inputs: the pipeline, its inputs, the strength and where the schedule was cut.
+  for (int64_t i = 0; i < r.num_images(); ++i) {
+    const ckpt::ImageAttributes& a = r.attributes(i);
+    if ((only && *only != i) || a.pipeline == "text2img") continue;
+    out << "  " << ckpt::image_group(i).substr(std::string("/images/").size()) << ": " << a.pipeline;
+    for (auto [what, in] : {std::pair<const char*, const ckpt::ImageAttributes::Input*>{"image", &a.image},
+                            {"mask", &a.mask},
+                            {"control image", &a.control_image}})
+      if (!in->path.empty()) out << ", " << what << " " << in->path << " (" << in->width << "x" << in->height << ")";
+    if (a.pipeline == "img2img" || a.pipeline == "inpaint" || a.pipeline == "fill")
+      out << ", strength " << a.strength << " (steps " << a.t_start << "-" << a.num_inference_steps - 1 << " of "
+          << a.num_inference_steps << ")";
+    out << "\n";
   }
   // Patch pipelining (--patches): the mode, and which of the steps run so far were exact.
   for (int64_t i = 0; i < r.num_images(); ++i) {

@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 
 #include <iostream>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -22,7 +23,9 @@ int main(int argc, char** argv) {
         "seed", po::value<uint64_t>(), "weights seed")("dtype", po::value<std::string>(), "weights on disk: fp32 or bf16")(
         "heads", po::value<int64_t>(), "attention heads")("head-dim", po::value<int64_t>(), "attention head dim")(
         "double", po::value<int64_t>(), "double-stream blocks")("single", po::value<int64_t>(), "single-stream blocks")(
-        "shards", po::value<int64_t>(), "transformer weight files")("corpus", po::value<std::string>(), "tokenizer training text");
+        "shards", po::value<int64_t>(), "transformer weight files")(
+        "vae-channels", po::value<std::string>(), "VAE block_out_channels, e.g. 128,256,512,512 (FLUX.1's real VAE)")(
+        "vae-groups", po::value<int64_t>(), "VAE norm_num_groups (FLUX.1: 32)")("corpus", po::value<std::string>(), "tokenizer training text");
     po::variables_map vm;
     try {
       po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -45,6 +48,21 @@ int main(int argc, char** argv) {
     if (vm.count("single")) spec.single_blocks = vm["single"].as<int64_t>();
     if (vm.count("shards")) spec.shards = vm["shards"].as<int64_t>();
     if (vm.count("corpus")) spec.corpus = vm["corpus"].as<std::string>();
+    if (vm.count("vae-channels")) {
+      spec.vae_channels.clear();
+      std::stringstream list(vm["vae-channels"].as<std::string>());
+      for (std::string item; std::getline(list, item, ',');) {
+        try {
+          spec.vae_channels.push_back(std::stoll(item));
+        } catch (const std::exception&) {
+          throw UsageError("--vae-channels: expected positive integers separated by commas, got '" + item + "'");
+        }
+      }
+    }
+    if (vm.count("vae-groups")) spec.vae_groups = vm["vae-groups"].as<int64_t>();
+    for (int64_t ch : spec.vae_channels)
+      if (ch < 1 || ch % spec.vae_groups != 0)
+        throw UsageError("--vae-channels: each must be a positive multiple of --vae-groups (" + std::to_string(spec.vae_groups) + ")");
     for (int64_t v : {spec.heads, spec.head_dim, spec.shards})
       if (v < 1) throw UsageError("--heads, --head-dim and --shards must be positive");
     if (spec.double_blocks < 0 || spec.single_blocks < 0 || spec.double_blocks + spec.single_blocks < 1)
