@@ -13,7 +13,9 @@
 #include "models/common/init.h"
 #include "models/flux/transformer.h"
 #include "models/t5_encoder.h"
+#include "io/safetensors_writer.h"
 #include "models/vae/vae_decoder.h"
+#include "models/vae/vae_encoder.h"
 #include "text/clip_bpe_trainer.h"
 #include "text/t5_unigram_trainer.h"
 
@@ -157,9 +159,19 @@ void write_tiny_model(const std::string& out_dir, const TinyModelSpec& s) {
   vc.shift_factor = 0.1159;
   vc.use_post_quant_conv = false;
   {
+    // Both halves of AutoencoderKL in one file, as diffusers saves it: the image-input modes encode.
     vae::VaeDecoder decoder(vc);
     nn::fill_random(*decoder, s.seed + 4);
+    vae::VaeEncoderConfig ec;
+    ec.vae = vc;
+    ec.use_quant_conv = false;
+    vae::VaeEncoder encoder(ec);
+    nn::fill_random(*encoder, s.seed + 5);
     nn::save_component((root / "vae").string(), io::to_json(vc), *decoder, "diffusion_pytorch_model", dtype);
+    io::SafetensorsWriter w;
+    nn::add_parameters(w, *decoder, "", dtype);
+    nn::add_parameters(w, *encoder, "", dtype);
+    w.write((root / "vae" / "diffusion_pytorch_model.safetensors").string());
   }
   log::info("wrote a ", s.variant, " pipeline to ", out_dir, ": transformer ", tc.num_layers, " + ", tc.num_single_layers,
             " blocks of width ", tc.inner_dim(), ", text width ", s.text_dim, ", vocabularies ", clip_vocab, " / ", s.t5_vocab);
