@@ -103,6 +103,14 @@ def search(profile, a):
 def main(argv=None):
     a = options(argv)
     profile = Profile.load(a.profile)
+    try:
+        return run(profile, a)
+    except ValueError as e:
+        print("fluxsim: %s" % e, file=sys.stderr)
+        return 2
+
+
+def run(profile, a):
     if a.search:
         results = search(profile, a)
         best_tp = max(results, key=lambda r: r["images_per_hour"])

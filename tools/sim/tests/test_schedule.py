@@ -17,7 +17,7 @@ BENCH = {"num_layers": 4, "num_single_layers": 8, "num_attention_heads": 6, "att
 
 
 def toy_profile(double=2.0, single=1.0, embed=1.0, final=1.0, decode=1.0, latency=0.125, c1=0.0, c2=0.0,
-                cores=None, model=None):
+                cores=None, model=None, staging=None):
     """One double and one single block; every cost a constant unless c1/c2 are given."""
     return Profile({
         "model": model or {"num_layers": 1, "num_single_layers": 1, "num_attention_heads": 1,
@@ -30,7 +30,7 @@ def toy_profile(double=2.0, single=1.0, embed=1.0, final=1.0, decode=1.0, latenc
                   "final_layer": {"c0": final, "c1": 0.0},
                   "decode": {"c0": decode, "c1": 0.0},
                   "encode_prompt_s": 0.0, "checkpoint": {"step_s": 0.0, "row_s": 0.0}},
-        "host": {"cores_per_node": cores},
+        "host": {"cores_per_node": cores, "staging_bandwidth": staging},
         "links": {"intra": {"bandwidth": float("inf"), "latency": latency}}})
 
 
@@ -91,6 +91,15 @@ class HandComputed(unittest.TestCase):
         self.assertAlmostEqual(r["denoise_s"], 3 * 4 * 5.0)
         self.assertAlmostEqual(r["total_s"], 60.0 + 3.0)  # then 3 decodes of 1 s
         self.assertEqual(r["idle_share"], [0.0])
+
+    def test_staging_through_host_memory(self):
+        """1 image, 1 step, 2 ranks, no latency, staging at 912 B/s. The toy DoubleStreams message
+        (txt [1,4,8] + img [1,16,8] + temb [1,8] in 2-byte elements, + the 576-byte header) is 912
+        bytes: 1 s to copy out on rank 0, 1 s in on rank 1; NoisePred ([1,16,4] + header, 704
+        bytes) 704/912 s out on rank 1 and in on rank 0. 3 + 1 + (1 + 2 + 704/912) + 704/912 s,
+        then the 1 s decode."""
+        r = simulate(toy_profile(latency=0.0, staging=912.0), toy(ranks=2, images=1, steps=1))
+        self.assertAlmostEqual(r["total_s"], 3 + 1 + 1 + 2 + 2 * 704 / 912 + 1)
 
     def test_true_cfg_doubles_the_units(self):
         one = simulate(toy_profile(), toy(ranks=1, images=2))
