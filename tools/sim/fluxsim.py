@@ -6,8 +6,9 @@
       --patches M --warmup W --images N --steps K --height H --width W ...] [--json]
   python3 tools/sim/fluxsim.py --profile PROFILE.json --ranks 8 --images 64 --search
 
---search tries every stages S dividing P, patches M in 1, 2, 4, 8 and microbatch 1, 2, 4 (slots
-S and 2S with several pipelines) and prints the best for throughput and for one image's latency.
+--search tries every stages S dividing P, patches M in 1, 2, 4, 8, 16 and microbatch 1, 2, 4 (or
+--search-patches / --search-microbatch; slots S and 2S with several pipelines) and prints the best
+for throughput and for one image's latency.
 """
 import argparse
 import json
@@ -43,6 +44,8 @@ def options(argv=None):
     ap.add_argument("--ranks-per-node", type=int)
     ap.add_argument("--cores-per-node", type=int, help="processors the ranks of a node share (CPU runs)")
     ap.add_argument("--search", action="store_true", help="best stages / patches / microbatch for --ranks")
+    ap.add_argument("--search-patches", default="1,2,4,8,16", help="patches M the search tries")
+    ap.add_argument("--search-microbatch", default="1,2,4", help="microbatches the search tries")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     return ap.parse_args(argv)
 
@@ -83,6 +86,10 @@ def report(profile, r):
     return "\n".join(lines)
 
 
+def ints(text):
+    return [int(x) for x in text.split(",")]
+
+
 def search(profile, a):
     """Every layout for a.ranks ranks; returns the list of results."""
     out = []
@@ -90,8 +97,8 @@ def search(profile, a):
     rows = a.height // 16
     for S in [s for s in range(1, P + 1) if P % s == 0 and s <= B]:
         pipes = P // S
-        for M in [m for m in (1, 2, 4, 8) if m <= rows and (m == 1 or S > 1)]:
-            for mb in (1, 2, 4):
+        for M in [m for m in ints(a.search_patches) if m <= rows and (m == 1 or S > 1)]:
+            for mb in ints(a.search_microbatch):
                 if mb > a.images:
                     continue
                 for slots in ([None] if pipes == 1 else [S, 2 * S]):

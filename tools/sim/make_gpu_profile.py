@@ -10,7 +10,7 @@ ASSUMPTIONS (each is also written into the profile's "assumptions"):
      is charged to the transformer (text encoding and VAE decode are taken as free), which makes
      the implied rate a lower bound. With the planner's FLOPs (partition.cpp: 24 D^2 per token
      per block + 4 L^2 D attention), R = 28 x FLOPs(step) / 6.71 s. The same R is used for attention at 2048 px (16896 tokens), where
-     attention is 41 % of a block's FLOPs (vs 20 % at 1024 px) - an assumption, not a measurement.
+     attention is 48 % of a block's FLOPs (vs 20 % at 1024 px) - an assumption, not a measurement.
   A2 no fixed cost per block call (c0 = 0): libtorch launches kernels asynchronously, and a
      block's kernels (~35) take less CPU time to launch than the GPU takes to run them down to
      patches of a few hundred tokens; the stream synchronises only at the staging copies (A4).

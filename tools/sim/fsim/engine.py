@@ -79,9 +79,12 @@ class Engine:
     """Runs rank programs. `node_of[r]` is rank r's node, `cores[node]` its processors (None:
     unshared), `link(src, dst)` the Link between two ranks."""
 
-    def __init__(self, node_of, cores, link):
+    def __init__(self, node_of, cores, link, capacity=None):
         self.node_of = list(node_of)
         self.cores = cores
+        # capacity(n): processors n computing ranks of a node get (default: all `cores`); on a
+        # shared machine less, as its scheduler gives the other users' processes their share.
+        self.capacity = capacity
         self.link = link
         self.now = 0.0
         self._heap = []
@@ -134,7 +137,10 @@ class Engine:
         if not self._shared(node):
             return 1.0
         n = len(self._active.get(node, ()))
-        return 1.0 if n <= self.cores[node] else self.cores[node] / n
+        if n == 0:
+            return 1.0
+        cap = self.cores[node] if self.capacity is None else self.capacity(n)
+        return min(1.0, cap / n)
 
     def _rebalance(self, node, change=None, add=True):
         """Charges the work done on `node` since the last change, applies `change`, reschedules."""

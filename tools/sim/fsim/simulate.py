@@ -29,6 +29,7 @@ class Config:
         self.slots = None           # groups in flight per leader; None: all (one pipeline) or S (several)
         self.ranks_per_node = None  # None: the profile's host.ranks_per_node, else all ranks on one node
         self.cores_per_node = "profile"
+        self.capacity = None        # {n: processors n computing ranks get} (a shared CPU machine)
         for k, v in kw.items():
             if not hasattr(self, k):
                 raise TypeError("unknown option %r" % k)
@@ -77,7 +78,11 @@ def simulate(profile, cfg):
         for i in range(1, S):
             programs.append(downstream_static(job, ranks, i) if static else downstream_reactive(job, ranks, i))
 
-    res = Engine(node_of, core_map, link).run(programs).result()
+    capacity = None
+    if cfg.capacity:
+        def capacity(n):
+            return cfg.capacity.get(n, cores)
+    res = Engine(node_of, core_map, link, capacity).run(programs).result()
 
     # Stage 1 (before the loop): rank 0 encodes each distinct prompt (and the negative prompt once);
     # with several pipelines it then broadcasts the embeddings to the leaders.

@@ -145,6 +145,13 @@ class Equivalence(unittest.TestCase):
         self.assertAlmostEqual(many["total_s"], one_rank["total_s"])
 
 
+    def test_capacity_of_a_shared_machine(self):
+        """One rank that gets half a processor (other users' processes) takes twice as long."""
+        full = simulate(toy_profile(cores=2), toy(ranks=1, images=2))
+        half = simulate(toy_profile(cores=2), toy(ranks=1, images=2, capacity={1: 0.5}))
+        self.assertAlmostEqual(half["total_s"], 2 * full["total_s"])
+
+
 class Model(unittest.TestCase):
     def test_flux_dev_messages(self):
         s = Shape(FLUX_DEV)
