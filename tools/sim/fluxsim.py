@@ -8,7 +8,7 @@
 
 --search tries every stages S dividing P, patches M in 1, 2, 4, 8, 16 and microbatch 1, 2, 4 (or
 --search-patches / --search-microbatch; slots S and 2S with several pipelines) and prints the best
-for throughput and for one image's latency.
+for throughput and for one image's latency (M > 1 for latency only, unless --search-full).
 """
 import argparse
 import json
@@ -46,6 +46,7 @@ def options(argv=None):
     ap.add_argument("--search", action="store_true", help="best stages / patches / microbatch for --ranks")
     ap.add_argument("--search-patches", default="1,2,4,8,16", help="patches M the search tries")
     ap.add_argument("--search-microbatch", default="1,2,4", help="microbatches the search tries")
+    ap.add_argument("--search-full", action="store_true", help="also the throughput of every M > 1")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     return ap.parse_args(argv)
 
@@ -70,6 +71,10 @@ def predict(profile, cfg):
 
 
 def report(profile, r):
+    if r["images_per_hour"] is None:  # a search entry of one image's latency alone
+        return "%d ranks = %d pipeline(s) x %d stages, patches %d (warm-up %d): one image alone %.3f s; plan %s" % (
+            r["ranks"], r["pipelines"], r["stages"], r["patches"], r["warmup"], r["single_image_latency_s"],
+            ", ".join(r["plan"]))
     lines = [
         "profile %s: %d ranks = %d pipeline(s) x %d stages; microbatch %d, patches %d (warm-up %d), %d image(s) "
         "x %d steps, %dx%d" % (profile.name, r["ranks"], r["pipelines"], r["stages"], r["microbatch"], r["patches"],
@@ -91,13 +96,21 @@ def ints(text):
 
 
 def search(profile, a):
-    """Every layout for a.ranks ranks; returns the list of results."""
+    """Every layout for a.ranks ranks; returns the list of results. Patches M > 1 are tried for
+    throughput too with --search-full only (with at least S images in flight the exact schedule
+    already fills the pipeline); without it they get one image's latency alone."""
     out = []
     P, B = a.ranks, profile.shape.num_blocks
     rows = a.height // 16
     for S in [s for s in range(1, P + 1) if P % s == 0 and s <= B]:
         pipes = P // S
         for M in [m for m in ints(a.search_patches) if m <= rows and (m == 1 or S > 1)]:
+            if M > 1 and not a.search_full:
+                cfg = config_of(a, stages=S, patches=M, microbatch=1, images=1, prompts=1, partition=None)
+                r = simulate(profile, cfg)
+                r.update(single_image_latency_s=r["total_s"], images_per_hour=None, latency_mean_s=None)
+                out.append(r)
+                continue
             for mb in ints(a.search_microbatch):
                 if mb > a.images:
                     continue
@@ -120,7 +133,7 @@ def main(argv=None):
 def run(profile, a):
     if a.search:
         results = search(profile, a)
-        best_tp = max(results, key=lambda r: r["images_per_hour"])
+        best_tp = max((r for r in results if r["images_per_hour"] is not None), key=lambda r: r["images_per_hour"])
         best_lat = min(results, key=lambda r: r["single_image_latency_s"])
         if a.json:
             print(json.dumps({"best_throughput": best_tp, "best_latency": best_lat, "all": results}, indent=1))

@@ -46,6 +46,17 @@ class Cli(unittest.TestCase):
         self.assertIn("cannot split 57 blocks over 64 ranks", err.getvalue())
 
 
+    def test_search(self):
+        """2 ranks, 2 images: the best throughput is two 1-rank pipelines (no bubbles), the best
+        latency of one image is one pipeline of 2 with patches."""
+        rc, out = cli("--profile", GPU, "--ranks", "2", "--images", "2", "--steps", "4", "--search", "--json")
+        self.assertEqual(rc, 0)
+        r = json.loads(out)
+        self.assertEqual(r["best_throughput"]["stages"], 1)
+        self.assertEqual(r["best_latency"]["stages"], 2)
+        self.assertGreater(r["best_latency"]["patches"], 1)
+
+
 @unittest.skipUnless(os.path.isdir(CONFIGS), "FLUX.1-dev configs not found at %s" % CONFIGS)
 class GpuProfile(unittest.TestCase):
     def test_profile_reproduces_its_source(self):
