@@ -308,6 +308,16 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
     request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) *
                                                          tc.inner_dim() * request.dtype_bytes * passes * images);
   }
+  std::optional<parallel::EncodeStage> encode_stage;
+  if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) {
+    // Rank 0's encode stage: one input at a time, at the size it is encoded at.
+    const bool qc = vae::parse_vae_encoder_config(dir.read_config("vae/config.json")).use_quant_conv;
+    const bool kontext = run.inputs.mode == pipeline::PipelineMode::Kontext;
+    encode_stage = parallel::vae_encode_stage(dir.vae_config(), qc, kontext ? run.inputs.condition.height : run.geometry.height,
+                                              kontext ? run.inputs.condition.width : run.geometry.width, request.dtype_bytes,
+                                              nn::kAttentionChunkBytes);
+    request.image_encode_bytes = encode_stage->total();
+  }
   run.stages.emplace(parallel::StagePlan::make(request));
   if (run.stages->vae_tiling_auto())
     log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
@@ -316,18 +326,10 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
 
   if (c.dry_run) {
     std::string encode;
-    if (run.inputs.encodes()) {
-      // Rank 0's encode stage: one input at a time, at the size it is encoded at.
-      const bool qc = vae::parse_vae_encoder_config(dir.read_config("vae/config.json")).use_quant_conv;
-      const bool kontext = run.inputs.mode == pipeline::PipelineMode::Kontext;
-      const int64_t h = kontext ? run.inputs.condition.height : run.geometry.height;
-      const int64_t w = kontext ? run.inputs.condition.width : run.geometry.width;
-      const parallel::EncodeStage e =
-          parallel::vae_encode_stage(dir.vae_config(), qc, h, w, request.dtype_bytes, nn::kAttentionChunkBytes);
-      encode = str_cat("VAE encoder stage (rank 0, before its blocks load): weights ", format_bytes(e.weight_bytes),
-                       " + activations ", format_bytes(e.activation_bytes), " at ", w, "x", h, " = ",
-                       format_bytes(e.total()), "\n");
-    }
+    if (encode_stage)
+      encode = str_cat("VAE encoder stage (rank 0, before its blocks load): weights ", format_bytes(encode_stage->weight_bytes),
+                       " + activations ", format_bytes(encode_stage->activation_bytes), " = ",
+                       format_bytes(encode_stage->total()), "\n");
     out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
                  dir.describe_sources() +
                  run.stages->table() + lora_table(run.loras, *run.stages);

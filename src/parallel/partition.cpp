@@ -150,6 +150,14 @@ class CostModel {
         e.peak_stage = "encode";
       }
     }
+    if (rank == 0 && r_.image_encode_bytes > 0) {
+      // Between the text encoders and the blocks: the VAE encoder alone, with the job's buffers.
+      e.image_encode_bytes = kRuntimeBaselineBytes + r_.image_encode_bytes + job_bytes_;
+      if (e.image_encode_bytes > e.peak_bytes) {
+        e.peak_bytes = e.image_encode_bytes;
+        e.peak_stage = "encode images";
+      }
+    }
     if (rank == 0 && r_.vae) {
       e.decode_bytes = resident + job_bytes_ + vae_weight_bytes_ + vae_activation_bytes_;
       if (e.decode_bytes > e.peak_bytes) {
@@ -376,6 +384,9 @@ std::string stage_over_budget(const PlanRequest& r, const CostModel& model, int 
     return str_cat("rank ", rank, " encode: ", format_bytes(e.encode_bytes), " (text encoders ",
                    format_bytes(model.encoder_weight_bytes()), " in ", r.dtype_label, ")", limit, "; raise the budget",
                    dtype_advice(r));
+  if (e.image_encode_bytes > budget)
+    return str_cat("rank ", rank, " encode images: ", format_bytes(e.image_encode_bytes), " (the VAE encoder on one input)",
+                   limit, "; raise the budget, pass --vae-tiling (the encoder tiles too) or use smaller inputs");
   if (e.decode_bytes > budget)
     return str_cat("rank ", rank, " decode: ", format_bytes(e.decode_bytes), " (VAE activations ",
                    format_bytes(model.vae_activation_bytes()), r.vae_tiling ? ", tiled" : "", ")", limit, "; ",
@@ -576,6 +587,8 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
     if (model.encodes())
       stages += str_cat("encode ", format_bytes(e0.encode_bytes), " (text encoders ", format_bytes(model.encoder_weight_bytes()),
                         r.keep_encoders ? ", kept resident" : ", freed before the blocks load", "), ");
+    if (r.image_encode_bytes > 0)
+      stages += str_cat("encode images ", format_bytes(e0.image_encode_bytes), " (VAE encoder, freed before the blocks load), ");
     stages += str_cat("denoise ", format_bytes(e0.denoise_bytes));
     if (r.vae) {
       std::string how;

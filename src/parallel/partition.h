@@ -118,10 +118,11 @@ struct StageEstimate {
   uint64_t kv_cache_bytes = 0;    ///< patch pipelining: the key/value buffers of this rank's blocks
   uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations + KV buffers
   uint64_t encode_bytes = 0;      ///< rank 0 while encoding prompts; 0 elsewhere
+  uint64_t image_encode_bytes = 0;  ///< rank 0 while the VAE encodes input images; 0 elsewhere
   uint64_t decode_bytes = 0;      ///< rank 0 while decoding latents; 0 elsewhere
   uint64_t job_bytes = 0;         ///< rank 0: per-image buffers of the whole job (text embeddings, latents)
   uint64_t peak_bytes = 0;        ///< max over this rank's stages
-  const char* peak_stage = "denoise";  ///< "encode" | "denoise" | "decode"
+  const char* peak_stage = "denoise";  ///< "encode" | "encode images" | "denoise" | "decode"
 };
 
 /// What a plan is made from.
@@ -155,6 +156,9 @@ struct PlanRequest {
   /// image and pass in flight (2 x (text + image tokens) x width x dtype bytes each); 0 = none.
   /// Held during denoising on the rank that runs the block, freed before decoding.
   uint64_t kv_cache_block_bytes = 0;
+  /// Image inputs: rank 0's VAE encode stage, weights and activations of one input
+  /// (parallel/encode_memory.h); 0 when the job encodes no image.
+  uint64_t image_encode_bytes = 0;
 };
 
 /// Which blocks each rank runs, and what each rank is estimated to hold. Rank 0 owns the

@@ -615,5 +615,21 @@ TEST(KeyOwnership, EveryFixtureKeyHasOneOwner) {
   }
 }
 
+// Image inputs: rank 0's VAE encode stage is a stage of its own, counted in its peak and its
+// budget, between the text encoders and the blocks (parallel/encode_memory.h sizes it).
+TEST(ImageEncodeStage, CountsInRankZerosPeakAndBudget) {
+  PlanRequest r = dev_request(2, Balance::Compute);
+  const StagePlan without = StagePlan::make(r);
+  EXPECT_EQ(without.estimate(0).image_encode_bytes, 0u);
+  r.image_encode_bytes = uint64_t{40} << 30;  // far above every other stage
+  const StagePlan with = StagePlan::make(r);
+  EXPECT_EQ(std::string(with.estimate(0).peak_stage), "encode images");
+  EXPECT_GT(with.estimate(0).peak_bytes, r.image_encode_bytes);
+  EXPECT_EQ(with.estimate(1).image_encode_bytes, 0u);  // only rank 0 encodes
+  r.max_memory = parse_max_memory("0=30GiB", 2);
+  EXPECT_NE(usage_error([&] { StagePlan::make(r); }).find("rank 0 encode images:"), std::string::npos)
+      << usage_error([&] { StagePlan::make(r); });
+}
+
 }  // namespace
 }  // namespace fluxmpi::parallel
