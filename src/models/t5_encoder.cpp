@@ -1,6 +1,6 @@
 // Semantics of transformers T5EncoderModel (T5 v1.1: RMS norm, unscaled attention with a
-// bucketed relative position bias from block 0, gated-GELU feed-forward), written against
-// nn::attention and the common layers.
+// bucketed relative position bias from block 0, gated-GELU feed-forward, eager attention), written
+// against nn::attention_via and the common layers.
 
 #include "models/t5_encoder.h"
 
@@ -61,8 +61,15 @@ at::Tensor T5AttentionImpl::forward(const at::Tensor& x, const at::Tensor& posit
   const int64_t B = x.size(0), L = x.size(1);
   auto split = [&](const at::Tensor& t) { return t.view({B, L, heads, d_kv}).transpose(1, 2); };
   // T5 folds the 1/sqrt(d) of attention into its initialisation: the scores are not scaled.
-  at::Tensor out = nn::attention(split(q->forward(x)), split(k->forward(x)), split(v->forward(x)), position_bias,
-                                 /*scale=*/1.0);
+  // transformers' T5Attention is eager only (no SDPA implementation): scores = q k^T + position_bias
+  // in the run dtype, softmax(scores.float()).type_as(scores), times v. The math path computes
+  // that on every libtorch and device (libtorch's reduced-precision softmax accumulates in fp32 and
+  // rounds once, as the cast does: tests/unit/attention_paths_test.cpp), so a bf16 or fp16 run
+  // rounds where diffusers' FluxPipeline rounds. libtorch >= 2's SDPA would add the bias and take
+  // the softmax in fp32 before rounding: on average closer to fp32, but not the reference's
+  // arithmetic (docs/architecture.md, "T5 attention").
+  at::Tensor out = nn::attention_via(nn::AttentionPath::Math, split(q->forward(x)), split(k->forward(x)),
+                                     split(v->forward(x)), position_bias, /*scale=*/1.0);
   return o->forward(out.transpose(1, 2).reshape({B, L, heads * d_kv}));
 }
 

@@ -2,7 +2,7 @@
 // models make: plain (FLUX, the VAE), with an additive position bias and no scaling (T5), causal
 // (CLIP), bias and causal together, and a batch x heads count large enough to be chunked. The SDPA
 // path exists with libtorch >= 2 only (Debian 13's 2.6; Debian 12's 1.13 has none), where it is
-// also the path attention() takes.
+// also the path attention() takes in fp32 (and on other devices); T5 always takes the math path.
 
 #include <gtest/gtest.h>
 #include <torch/version.h>
@@ -76,19 +76,41 @@ TEST_P(AttentionPaths, SdpaMatchesFloat64) {
 INSTANTIATE_TEST_SUITE_P(Calls, AttentionPaths, testing::ValuesIn(kCalls),
                          [](const testing::TestParamInfo<Call>& i) { return std::string(i.param.name); });
 
-TEST(AttentionPath, AutoIsSdpaWhereAvailable) {
+// Auto: SDPA where the libtorch has it, but the math path for bf16 and fp16 on the CPU, where
+// libtorch 2.6's SDPA is the slower one (docs/performance.md).
+TEST(AttentionPath, AutoIsSdpaWhereAvailableExceptReducedPrecisionOnTheCpu) {
   EXPECT_EQ(sdpa_available(), TORCH_VERSION_MAJOR >= 2);
   at::manual_seed(3);
   at::Tensor q = at::randn({1, 2, 9, 8}), k = at::randn({1, 2, 9, 8}), v = at::randn({1, 2, 9, 8});
   at::Tensor bias = at::randn({1, 2, 9, 9});
-  const AttentionPath expected = sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
-  EXPECT_TRUE(at::equal(attention(q, k, v, bias, 1.0), attention_via(expected, q, k, v, bias, 1.0)));
+  const AttentionPath fp32 = sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
+  EXPECT_EQ(default_attention_path(q), fp32);
+  EXPECT_TRUE(at::equal(attention(q, k, v, bias, 1.0), attention_via(fp32, q, k, v, bias, 1.0)));
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) EXPECT_EQ(default_attention_path(q.to(t)), AttentionPath::Math);
+  at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
+  at::Tensor bb = bias.to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(attention(qb, kb, vb, bb, 1.0), attention_via(AttentionPath::Math, qb, kb, vb, bb, 1.0)));
 }
 
 TEST(AttentionPath, SdpaWithoutLibtorch2Throws) {
   if (sdpa_available()) GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has scaled_dot_product_attention";
   at::Tensor q = at::randn({1, 1, 4, 8});
   EXPECT_THROW(attention_via(AttentionPath::Sdpa, q, q, q), std::exception);
+}
+
+// T5 takes the math path so that it rounds where transformers' eager T5Attention rounds, whose
+// softmax is softmax(scores.float()).type_as(scores); the math path calls libtorch's bf16 softmax
+// directly, which must therefore be that: fp32 inside, one rounding (bit for bit). The scores are
+// T5-sized: unscaled, |s| up to ~40, 160 keys.
+TEST(AttentionPath, Bf16SoftmaxIsFp32SoftmaxRoundedOnce) {
+  at::manual_seed(11);
+  at::Tensor scores = (at::randn({2, 4, 33, 160}) * 8).to(at::kBFloat16);
+  at::Tensor ours = at::softmax(scores, -1);
+  at::Tensor eager = at::softmax(scores.to(at::kFloat), -1).to(at::kBFloat16);
+  ASSERT_EQ(ours.scalar_type(), at::kBFloat16);
+  const int64_t differ = ours.ne(eager).sum().item<int64_t>();
+  EXPECT_EQ(differ, 0) << "bf16 softmax: " << differ << " of " << ours.numel()
+                       << " elements differ from softmax(scores.float()).to(bf16)";
 }
 
 // More batch x heads than fit one chunk of kAttentionChunkBytes: the math path splits them into

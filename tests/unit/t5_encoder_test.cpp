@@ -1,6 +1,8 @@
 // The T5 encoder without fixtures: loading rules (tied embedding, ignored decoder, unexpected and
-// missing keys, config/weights disagreement), relative position buckets, fp16 handling.
+// missing keys, config/weights disagreement), relative position buckets, eager bf16 attention,
+// fp16 handling.
 
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -209,6 +211,29 @@ TEST(T5Encoder, PositionBiasIsSharedByEveryBlock) {
   // Block 1 applied by hand with block 0's bias reproduces the traced output.
   at::Tensor again = m->encoder->blocks[1]->forward(out.block_outputs[0], out.position_bias);
   EXPECT_TRUE(test::identical("block_1_out", again, out.block_outputs[1]));
+}
+
+// transformers' T5Attention, written out as it computes (eager; it has no SDPA implementation):
+// scores in the run dtype, the bias added there, softmax in fp32 and cast back, times v. Ours must
+// be that arithmetic in bf16 too, on every libtorch (not SDPA's fp32 scores on libtorch >= 2).
+TEST(T5Encoder, Bf16AttentionIsTransformersEagerArithmetic) {
+  io::T5Config c = tiny_config();
+  T5Attention attn(c, /*has_relative_attention_bias=*/true);
+  nn::fill_random(*attn, 9);
+  attn->to(at::kBFloat16);
+  c10::InferenceMode inference;
+  at::manual_seed(4);
+  const int64_t B = 2, L = 20, H = c.num_heads, Dh = c.d_kv;
+  at::Tensor x = at::randn({B, L, c.d_model}).to(at::kBFloat16);
+  at::Tensor bias = attn->compute_bias(L, L);
+  auto split = [&](const at::Tensor& t) { return t.view({B, L, H, Dh}).transpose(1, 2); };
+  at::Tensor q = split(attn->q->forward(x)), k = split(attn->k->forward(x)), v = split(attn->v->forward(x));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) + bias;
+  at::Tensor weights = at::softmax(scores.to(at::kFloat), -1).to(scores.scalar_type());
+  // v in the layout whose bf16 matmul accumulates in fp32 on libtorch 1.13 (nn::attention's math path).
+  at::Tensor vt = v.transpose(-2, -1).contiguous().transpose(-2, -1);
+  at::Tensor eager = attn->o->forward(at::matmul(weights, vt).transpose(1, 2).reshape({B, L, H * Dh}));
+  EXPECT_TRUE(test::identical("T5 attention (bf16)", attn->forward(x, bias), eager));
 }
 
 TEST(T5Encoder, Fp16LoadKeepsWoInFp32ReadFromTheFile) {

@@ -2,11 +2,12 @@
 // softmax(q k^T) v, and ::Sdpa, libtorch >= 2's scaled_dot_product_attention) at the shapes
 // fluxmpi's models attend with, on the CPU.
 //
-//   fluxmpi-bench-attention [--threads N] [--repeat R] [--dtype fp32|bf16[,...]]
+//   fluxmpi-bench-attention [--threads N] [--repeat R] [--dtype fp32|bf16|fp16[,...]] [--only TEXT]
 //
 // Each shape runs both paths in turns, R rounds each (so that a slow spell of a shared machine
 // hits both alike), and keeps each path's best time; the table shows the times, their ratio and
-// the largest difference between the two outputs. On a libtorch without SDPA only Math runs.
+// the largest difference between the two outputs, and the path attention() takes (auto). On a
+// libtorch without SDPA only Math runs.
 #include <boost/program_options.hpp>
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
@@ -57,11 +58,12 @@ double time_ms(const std::function<at::Tensor()>& f, at::Tensor& out) {
 
 int main(int argc, char** argv) {
   int threads = 2, repeat = 3;
-  std::string dtypes = "fp32";
+  std::string dtypes = "fp32", only;
   po::options_description opts("fluxmpi-bench-attention options");
   opts.add_options()("help", "this text")("threads", po::value(&threads), "intra-op threads (default 2)")(
       "repeat", po::value(&repeat), "rounds per path and shape (default 3)")(
-      "dtype", po::value(&dtypes), "fp32, bf16 or both, comma-separated (default fp32)");
+      "dtype", po::value(&dtypes), "fp32, bf16, fp16, comma-separated (default fp32)")(
+      "only", po::value(&only), "only the shapes whose name contains this text (e.g. CLIP)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -81,11 +83,13 @@ int main(int argc, char** argv) {
   const bool sdpa = nn::sdpa_available();
   std::printf("libtorch %s, %d threads, best of %d; SDPA %s\n\n", TORCH_VERSION, threads, repeat,
               sdpa ? "available" : "not available (libtorch < 2)");
-  std::printf("| shape | dtype | math ms | sdpa ms | sdpa / math | max |diff| |\n|---|---|---|---|---|---|\n");
+  std::printf("| shape | dtype | math ms | sdpa ms | sdpa / math | max |diff| | auto |\n|---|---|---|---|---|---|---|\n");
   std::stringstream list(dtypes);
   for (std::string name; std::getline(list, name, ',');) {
-    const at::ScalarType dtype = name == "bf16" ? at::kBFloat16 : at::kFloat;
+    FLUX_CHECK(name == "fp32" || name == "bf16" || name == "fp16", "--dtype: fp32, bf16 or fp16, not '", name, "'");
+    const at::ScalarType dtype = name == "bf16" ? at::kBFloat16 : name == "fp16" ? at::kHalf : at::kFloat;
     for (const Shape& s : kShapes) {
+      if (!only.empty() && std::string(s.what).find(only) == std::string::npos) continue;
       at::manual_seed(0);
       auto opt = at::TensorOptions().dtype(dtype);
       at::Tensor q = at::randn({1, s.heads, s.tokens, s.head_dim}, opt);
@@ -99,11 +103,13 @@ int main(int argc, char** argv) {
         math = std::min(math, time_ms([&] { return run(nn::AttentionPath::Math); }, out_math));
         if (sdpa) fused = std::min(fused, time_ms([&] { return run(nn::AttentionPath::Sdpa); }, out_sdpa));
       }
+      const char* chosen = nn::default_attention_path(q) == nn::AttentionPath::Sdpa ? "sdpa" : "math";
       if (sdpa) {
         const double diff = (out_math.to(at::kFloat) - out_sdpa.to(at::kFloat)).abs().max().item<double>();
-        std::printf("| %s | %s | %.1f | %.1f | %.2f | %.2e |\n", s.what, name.c_str(), math, fused, fused / math, diff);
+        std::printf("| %s | %s | %.1f | %.1f | %.2f | %.2e | %s |\n", s.what, name.c_str(), math, fused, fused / math, diff,
+                    chosen);
       } else {
-        std::printf("| %s | %s | %.1f | - | - | - |\n", s.what, name.c_str(), math);
+        std::printf("| %s | %s | %.1f | - | - | - | %s |\n", s.what, name.c_str(), math, chosen);
       }
       std::fflush(stdout);
     }

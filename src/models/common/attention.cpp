@@ -70,6 +70,12 @@ at::Tensor chunked_math_attention(const at::Tensor& q, const at::Tensor& k, cons
 
 bool sdpa_available() { return TORCH_VERSION_MAJOR >= 2; }
 
+AttentionPath default_attention_path(const at::Tensor& q) {
+  if (!sdpa_available()) return AttentionPath::Math;
+  const bool reduced = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  return q.device().is_cpu() && reduced ? AttentionPath::Math : AttentionPath::Sdpa;
+}
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
                      std::optional<double> scale, bool causal) {
   return attention_via(AttentionPath::Auto, q, k, v, bias, scale, causal);
@@ -79,7 +85,7 @@ at::Tensor attention_via(AttentionPath path, const at::Tensor& q, const at::Tens
                          const at::Tensor& bias, std::optional<double> scale, bool causal) {
   FLUX_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention expects [B, H, L, Dh] tensors");
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (path == AttentionPath::Auto) path = sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
+  if (path == AttentionPath::Auto) path = default_attention_path(q);
   if (path == AttentionPath::Sdpa) {
 #if TORCH_VERSION_MAJOR >= 2
     return sdpa_attention(q, k, v, bias, s, causal);

@@ -1,7 +1,8 @@
 #pragma once
 /// The one attention function of fluxmpi. libtorch >= 2.0: at::scaled_dot_product_attention
-/// (fused flash / memory-efficient kernels on GPU, a fused tiled kernel on the CPU), with or
-/// without an additive bias (T5's position bias). Older libtorch (Debian 12's 1.13): plain
+/// (fused flash / memory-efficient kernels on GPU, a fused tiled kernel on the CPU in fp32), with
+/// or without an additive bias. Older libtorch (Debian 12's 1.13), bf16 and fp16 on the CPU, and
+/// T5 everywhere: plain
 /// softmax(q k^T * scale + bias) v, computed in chunks of heads so the score matrix stays small;
 /// chunking does not change any result bit (each head is an independent matmul).
 
@@ -12,19 +13,25 @@
 namespace fluxmpi::nn {
 
 /// How attention() computes: `Sdpa` = at::scaled_dot_product_attention (libtorch >= 2.0 only),
-/// `Math` = the chunked softmax(q k^T) v. `Auto`, what the models use: Sdpa where the libtorch has
-/// it, else Math (tools/bench/attention_bench compares the two; docs/performance.md).
+/// `Math` = the chunked softmax(q k^T) v, with the scores in the input dtype and libtorch's softmax
+/// (fp32 inside, one rounding). `Auto`, what FLUX, CLIP and the VAE use: default_attention_path().
+/// T5 takes Math everywhere: its reference, transformers' T5Attention, is eager only.
 enum class AttentionPath { Auto, Math, Sdpa };
 
 /// Whether this libtorch has at::scaled_dot_product_attention.
 bool sdpa_available();
+
+/// The path `Auto` takes for these inputs: Sdpa where the libtorch has it, except for bf16 and
+/// fp16 on the CPU, where libtorch 2.6's SDPA kernel is several times slower than the math path's
+/// batched matmuls (tools/bench/attention_bench; docs/performance.md); else Math.
+AttentionPath default_attention_path(const at::Tensor& q);
 
 /// q: [B, H, Lq, Dh], k, v: [B, H, Lk, Dh] -> [B, H, Lq, Dh].
 /// `bias`: additive, broadcastable to [B, H, Lq, Lk] (undefined = none). `scale`: default
 /// 1/sqrt(Dh). `causal`: mask keys after the query position.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias = {},
                      std::optional<double> scale = std::nullopt, bool causal = false);
-/// The same through a chosen path (tests and benchmarks); Sdpa on a libtorch without it throws.
+/// The same through a chosen path (T5, tests and benchmarks); Sdpa on a libtorch without it throws.
 at::Tensor attention_via(AttentionPath path, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& bias = {}, std::optional<double> scale = std::nullopt, bool causal = false);
 
