@@ -2,6 +2,7 @@
 // show it, a concurrent SWMR reader (h5py), a writer killed with SIGKILL and resumed, and the
 // refusals of create() and resume().
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <poll.h>
@@ -28,6 +29,12 @@ namespace fluxmpi::ckpt {
 namespace {
 using namespace test;
 using fluxmpi::test::identical;
+
+// The first thing a forked child does: the parent has run libtorch's OpenMP kernels by then, and
+// GNU libgomp's thread pool does not survive fork(), so a child entering a parallel region waits
+// forever for workers it lacks (Debian 13, libtorch 2.6: the killed writer of 512 x 256 rows hung
+// before its first step in every round after the first). One thread: no parallel region.
+void enter_forked_child() { at::set_num_threads(1); }
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -379,6 +386,7 @@ TEST(CheckpointStore, CreationIsAtomicForReadersPollingThePath) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    enter_forked_child();
     ::close(to_reader[1]);
     ::close(from_reader[0]);
     h5::silence_errors();
@@ -501,6 +509,7 @@ TEST_P(KilledWriter, IsResumedWithEveryCommittedRowIntact) {
     pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
+    enter_forked_child();
       try {
         CheckpointWriter w = CheckpointWriter::create(path, job.file, job.images);
         write_prologue(w, 0);
@@ -610,6 +619,7 @@ TEST(CheckpointStore, ResumeRefusesAFileThatALiveWriterHolds) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    enter_forked_child();
     try {
       CheckpointWriter w = CheckpointWriter::create(path, job.file, job.images);
       write_prologue(w, 0);
