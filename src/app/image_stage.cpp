@@ -1,7 +1,6 @@
 #include "app/image_stage.h"
 
 #include <chrono>
-#include <cstring>
 #include <map>
 
 #include "core/log.h"
@@ -38,17 +37,22 @@ std::vector<EncodedImage> encode_image_inputs(const PreparedRun& run, at::Scalar
     if (recent.size() >= 4) recent.clear();
     return recent.emplace(path, io::read_image(path)).first->second;
   };
+  const bool keep_pixels = !run.config.checkpoint_file().empty();
   at::Tensor reference;  // Kontext: the mode needs no draw, so one reference serves the images of a file
   std::string reference_path;
   for (size_t i : todo) {
     const ImageSources& s = in.images[i];
     EncodedImage& e = out[i];
-    e.image = read(s.image.path);
-    e.mask = s.mask.path.empty() ? io::Image8{} : stored_mask(read(s.mask.path));
-    e.control = read(s.control.path);
+    const io::Image8 image = read(s.image.path), control = read(s.control.path);
+    // The pixels stay until the checkpoint stores them; without one they are not kept.
+    if (keep_pixels) {
+      e.image = image;
+      e.mask = s.mask.path.empty() ? io::Image8{} : stored_mask(read(s.mask.path));
+      e.control = control;
+    }
     if (in.mode == PipelineMode::Kontext) {
       if (reference_path != s.image.path) {
-        reference = pipeline::kontext_reference(e.image, in.condition, encoder, dtype, options);
+        reference = pipeline::kontext_reference(image, in.condition, encoder, dtype, options);
         reference_path = s.image.path;
       }
       e.conditioning.reference = reference;
@@ -57,9 +61,9 @@ std::vector<EncodedImage> encode_image_inputs(const PreparedRun& run, at::Scalar
     }
     pipeline::ConditionInputs ci;
     ci.mode = in.mode;
-    ci.image = e.image;
+    ci.image = image;
     ci.mask = read(s.mask.path);
-    ci.control = e.control;
+    ci.control = control;
     ci.seed = run.images[i].seed;
     ci.t_start = s.t_start;
     e.conditioning = pipeline::condition_image(ci, encoder, run.geometry, full, dtype, options);
@@ -72,9 +76,8 @@ std::vector<EncodedImage> encode_image_inputs(const PreparedRun& run, at::Scalar
 
 void write_conditioning(ckpt::CheckpointWriter& w, int64_t i, PipelineMode mode, const EncodedImage& e) {
   auto pixels = [](const io::Image8& image) {
-    at::Tensor t = at::empty({image.height, image.width, image.channels}, at::kByte);
-    std::memcpy(t.data_ptr(), image.pixels.data(), image.pixels.size());
-    return image.channels == 1 ? t.squeeze(2) : t;
+    at::Tensor t = pipeline::image_pixels(image);
+    return image.channels == 1 ? t.squeeze(2) : t;  // inputs/mask is [h, w]
   };
   if (!e.image.pixels.empty()) w.write_condition(i, "inputs/image", pixels(e.image));
   if (!e.mask.pixels.empty()) w.write_condition(i, "inputs/mask", pixels(e.mask));

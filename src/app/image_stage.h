@@ -14,8 +14,8 @@
 
 namespace fluxmpi::app {
 
-/// What the image stage made of one image: its conditioning and the input pixels the checkpoint
-/// stores (inputs/*).
+/// What the image stage made of one image: its conditioning and, when the run writes a checkpoint,
+/// the input pixels it stores (inputs/*).
 struct EncodedImage {
   pipeline::Conditioning conditioning;
   io::Image8 image, mask, control;  ///< as decoded; the mask as stored (grey)

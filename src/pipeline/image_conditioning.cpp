@@ -11,13 +11,6 @@
 namespace fluxmpi::pipeline {
 namespace {
 
-// [1, H, W, c] uint8 of an 8-bit image (a copy).
-at::Tensor pixels_of(const io::Image8& image) {
-  at::Tensor t = at::empty({1, image.height, image.width, image.channels}, at::kByte);
-  std::memcpy(t.data_ptr(), image.pixels.data(), image.pixels.size());
-  return t;
-}
-
 io::Image8 resized(const io::Image8& image, const flux::LatentGeometry& g) {
   if (image.width == g.width && image.height == g.height) return image;
   return io::resize_lanczos(image, static_cast<int>(g.width), static_cast<int>(g.height));
@@ -44,15 +37,21 @@ at::Tensor fill_mask_channels(const at::Tensor& mask, const flux::LatentGeometry
 
 }  // namespace
 
+at::Tensor image_pixels(const io::Image8& image) {
+  at::Tensor t = at::empty({image.height, image.width, image.channels}, at::kByte);
+  std::memcpy(t.data_ptr(), image.pixels.data(), image.pixels.size());
+  return t;
+}
+
 at::Tensor preprocess_image(const io::Image8& rgb, const flux::LatentGeometry& g) {
   FLUX_CHECK(rgb.channels == 3, "preprocess_image of a ", rgb.channels, "-channel image");
-  at::Tensor u8 = pixels_of(resized(rgb, g));
+  at::Tensor u8 = image_pixels(resized(rgb, g)).unsqueeze(0);
   return (u8.to(at::kFloat) / 255.0).permute({0, 3, 1, 2}).contiguous() * 2.0 - 1.0;
 }
 
 at::Tensor preprocess_mask(const io::Image8& mask, const flux::LatentGeometry& g) {
   io::Image8 binary = io::binarize_mask(io::to_grey(resized(mask, g)));
-  return pixels_of(binary).to(at::kFloat).permute({0, 3, 1, 2}).contiguous();
+  return image_pixels(binary).unsqueeze(0).to(at::kFloat).permute({0, 3, 1, 2}).contiguous();
 }
 
 at::Tensor scale_noise(const at::Tensor& x0, const at::Tensor& noise, float sigma) {

@@ -18,6 +18,9 @@
 
 namespace fluxmpi::pipeline {
 
+/// The pixels of an 8-bit image as a [H, W, channels] uint8 tensor (a copy).
+at::Tensor image_pixels(const io::Image8& image);
+
 /// VaeImageProcessor.preprocess of an RGB image for an output of geometry.width x height: Pillow's
 /// LANCZOS resize when the size differs (none otherwise), then float32(u8) / 255, NCHW, 2x - 1:
 /// [1, 3, H, W] float32.

@@ -34,23 +34,14 @@
 namespace fluxmpi::pipeline {
 namespace {
 namespace fs = std::filesystem;
+using test::expect_close;
+using test::expect_identical;
 using test::ImageCase;
 
 std::vector<ImageCase> conditioned_cases() {
   return test::image_cases([](const std::string& kind) {
     return kind == "img2img" || kind == "inpaint" || kind == "fill" || kind == "control";
   });
-}
-
-void expect_close(const std::string& what, const at::Tensor& got, const at::Tensor& ref, double tol) {
-  testing::AssertionResult r = test::close_to(what, got.to(at::kCPU, at::kFloat), ref, tol);
-  EXPECT_TRUE(r);
-  if (r) std::cout << "[ measured ] " << r.message() << "\n";
-}
-
-void expect_identical(const std::string& what, const at::Tensor& got, const at::Tensor& ref) {
-  testing::AssertionResult r = test::identical(what, got.to(at::kCPU), ref);
-  EXPECT_TRUE(r);
 }
 
 PipelineMode mode_of(const std::string& kind) {

@@ -13,9 +13,7 @@
 
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -34,6 +32,8 @@ namespace fluxmpi::vae {
 namespace {
 namespace fs = std::filesystem;
 
+using test::expect_close;
+using test::expect_identical;
 using test::ImageCase;
 using test::image_case_name;
 
@@ -42,45 +42,14 @@ std::vector<ImageCase> image_cases(bool vae_encode) {
   return test::image_cases([vae_encode](const std::string& kind) { return (kind == "vae_encode") == vae_encode; });
 }
 
-// The folder to load a case's VAE from. io::ModelDir reads only FluxPipeline folders so far; the
-// Fill, Control and Kontext folders hold tiny-flux-dev's VAE files (hard links, README), so their
-// VAE is loaded from there once the files are checked to be the same.
-std::string vae_model_dir(const ImageCase& c) {
-  const nlohmann::json index = nlohmann::json::parse(std::ifstream(fs::path(c.model_dir) / "model_index.json"));
-  if (index.value("_class_name", "FluxPipeline") == "FluxPipeline") return c.model_dir;
-  const fs::path dev = fs::weakly_canonical(fs::path(test::fixture_root()) / "tiny-flux-dev");
-  auto bytes = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  for (const char* file : {"vae/config.json", "vae/diffusion_pytorch_model.safetensors"})
-    if (bytes(fs::path(c.model_dir) / file) != bytes(dev / file))
-      throw std::runtime_error(str_cat(c.name, ": ", file, " differs from tiny-flux-dev's and io::ModelDir cannot read '",
-                                       c.model_dir, "' (", index.value("_class_name", ""), ")"));
-  return dev.string();
-}
-
 // Each pipeline's VAE encoder, loaded once per dtype.
 VaeEncoder& encoder_of(const ImageCase& c, at::ScalarType dtype = at::kFloat) {
   static std::map<std::pair<std::string, int>, VaeEncoder> cache;
-  const auto key = std::make_pair(vae_model_dir(c), static_cast<int>(dtype));
+  const auto key = std::make_pair(c.model_dir, static_cast<int>(dtype));
   auto it = cache.find(key);
   if (it == cache.end())
     it = cache.emplace(key, load_vae_encoder(io::ModelDir(key.first), dtype, test::test_device())).first;
   return it->second;
-}
-
-// Prints the measured error next to the verdict, so passing runs report their numbers too.
-void expect_close(const std::string& what, const at::Tensor& got, const at::Tensor& ref, double tol) {
-  testing::AssertionResult r = test::close_to(what, got.to(at::kCPU, at::kFloat), ref, tol);
-  EXPECT_TRUE(r);
-  if (r) std::cout << "[ measured ] " << r.message() << "\n";
-}
-
-void expect_identical(const std::string& what, const at::Tensor& got, const at::Tensor& ref) {
-  testing::AssertionResult r = test::identical(what, got.to(at::kCPU), ref);
-  EXPECT_TRUE(r);
-  if (r) std::cout << "[ measured ] " << what << ": bit-identical\n";
 }
 
 // The pipelines' conversion of 8-bit RGB [n, H, W, 3]: float32(u8) / 255, NCHW, 2x - 1 in float32.
@@ -213,9 +182,9 @@ double pipeline_tolerance(const at::Tensor& image) {
 // An encode of `image` checked for numerical accuracy: fp32 against float64, same weights.
 void expect_accurate(const ImageCase& c, const at::Tensor& image, const at::Tensor& mean) {
   static std::map<std::string, VaeEncoder> f64;
-  auto it = f64.find(vae_model_dir(c));
+  auto it = f64.find(c.model_dir);
   if (it == f64.end())
-    it = f64.emplace(vae_model_dir(c), load_vae_encoder(io::ModelDir(vae_model_dir(c)), at::kDouble, at::kCPU)).first;
+    it = f64.emplace(c.model_dir, load_vae_encoder(io::ModelDir(c.model_dir), at::kDouble, at::kCPU)).first;
   expect_close(c.name + " mean (fp32) vs a float64 run", mean, it->second->encode(image.to(at::kDouble)).mean.to(at::kFloat),
                test::kTolFp32);
 }

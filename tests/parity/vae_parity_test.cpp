@@ -22,6 +22,7 @@
 
 namespace fluxmpi::vae {
 namespace {
+using test::expect_close;
 
 using test::CaseRef;
 
@@ -37,13 +38,6 @@ VaeDecoder& decoder_of(const CaseRef& c) {
   if (it == cache.end())
     it = cache.emplace(c.model_dir, load_vae_decoder(io::ModelDir(c.model_dir), at::kFloat, test::test_device())).first;
   return it->second;
-}
-
-// Prints the measured error next to the verdict, so passing runs report their numbers too.
-void expect_close(const std::string& what, const at::Tensor& got, const at::Tensor& ref, double tol) {
-  testing::AssertionResult r = test::close_to(what, got, ref, tol);
-  EXPECT_TRUE(r);
-  if (r) std::cout << "[ measured ] " << r.message() << "\n";
 }
 
 // Compares 8-bit RGB pixels (HWC) with a reference of the same layout.

@@ -84,4 +84,16 @@ void expect_recorded_tensors(const CaseRef& c, const CaseTensors& tensors,
   }
 }
 
+void expect_close(const std::string& name, const at::Tensor& got, const at::Tensor& ref, double tol) {
+  testing::AssertionResult r = close_to(name, got.to(at::kCPU, at::kFloat), ref, tol);
+  EXPECT_TRUE(r);
+  if (r) std::printf("[ measured ] %s\n", r.message());
+}
+
+void expect_identical(const std::string& name, const at::Tensor& got, const at::Tensor& ref) {
+  testing::AssertionResult r = identical(name, got.to(at::kCPU), ref);
+  EXPECT_TRUE(r);
+  if (r) std::printf("[ measured ] %s: bit-identical\n", name.c_str());
+}
+
 }  // namespace fluxmpi::test

@@ -56,4 +56,10 @@ void expect_recorded_tensors(const CaseRef& c, const CaseTensors& tensors,
 /// Exact equality (ids, bit-identity checks); on failure reports the first differing index.
 testing::AssertionResult identical(const std::string& name, const at::Tensor& got, const at::Tensor& ref);
 
+/// EXPECT_TRUE(close_to(...)) (got on any device and dtype), printing "[ measured ] ..." when it
+/// holds, so that passing runs report their numbers too.
+void expect_close(const std::string& name, const at::Tensor& got, const at::Tensor& ref, double tol);
+/// EXPECT_TRUE(identical(...)) (got on any device), printing "[ measured ] <name>: bit-identical".
+void expect_identical(const std::string& name, const at::Tensor& got, const at::Tensor& ref);
+
 }  // namespace fluxmpi::test
