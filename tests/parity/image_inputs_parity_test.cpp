@@ -28,7 +28,7 @@
 #include "pipeline/kontext.h"
 #include "sched/flow_match_euler.h"
 #include "support/fixtures.h"
-#include "support/image_cases.h"
+#include "support/subtree_cases.h"
 #include "support/tensor_compare.h"
 
 namespace fluxmpi::pipeline {

@@ -25,7 +25,7 @@
 #include "models/flux/latents.h"
 #include "models/vae/vae_encoder.h"
 #include "support/fixtures.h"
-#include "support/image_cases.h"
+#include "support/subtree_cases.h"
 #include "support/tensor_compare.h"
 
 namespace fluxmpi::vae {
