@@ -297,7 +297,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
 
     if (rank != 0) {
       auto t0 = Clock::now();
-      pipeline::denoise(setup, part, *stages, rank, messenger.get(), nullptr);
+      pipeline::denoise(setup, *part, *stages, rank, messenger.get(), nullptr);
       const double blocked = messenger->blocked_seconds();
       messenger.reset();
       log::debug(denoise_text(seconds_since(t0), blocked), "; peak RSS ", format_bytes(peak_rss_bytes()));
@@ -415,7 +415,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     RootObserver observer(writer ? &*writer : nullptr, setup, c.checkpoint_every, progress, t_start);
     state.observer = &observer;
     auto t_denoise = Clock::now();
-    pipeline::denoise(setup, part, *stages, rank, messenger.get(), &state);
+    pipeline::denoise(setup, *part, *stages, rank, messenger.get(), &state);
     if (messenger) log::debug(denoise_text(seconds_since(t_denoise), messenger->blocked_seconds()));
     messenger.reset();
     progress.finish();

@@ -29,9 +29,13 @@ using parallel::MessageTag;
 // blocks, the joint stream after them; temb always.
 MessageKind kind_of(bool joint) { return joint ? MessageKind::JointStream : MessageKind::DoubleStreams; }
 
+// FLUX.2 adds the modulation vectors the embedders computed (flux/stage_model.h).
 std::vector<at::Tensor> pack_state(const flux::StreamState& s) {
-  if (s.is_joint()) return {s.joint.contiguous(), s.temb.contiguous()};
-  return {s.txt.contiguous(), s.img.contiguous(), s.temb.contiguous()};
+  std::vector<at::Tensor> out;
+  if (s.is_joint()) out = {s.joint.contiguous(), s.temb.contiguous()};
+  else out = {s.txt.contiguous(), s.img.contiguous(), s.temb.contiguous()};
+  if (s.modulation.defined()) out.push_back(s.modulation.contiguous());
+  return out;
 }
 
 // One unit of work of a group's step: the whole sequence (an exact step), or one patch.
@@ -46,7 +50,7 @@ struct Unit {
 
 class Worker {
  public:
-  Worker(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
+  Worker(const DenoiseSetup& setup, const flux::StageModel& part, const parallel::StagePlan& plan, int rank,
          parallel::Messenger* messenger)
       : setup_(setup), part_(part), plan_(plan), rank_(rank), P_(plan.world_size()), messenger_(messenger) {
     FLUX_CHECK(P_ == 1 || messenger_ != nullptr, "a messenger is needed with ", P_, " ranks");
@@ -54,10 +58,10 @@ class Worker {
                setup.warmup_steps);
     const int64_t S = setup.text_tokens;
     FLUX_CHECK(setup.patches == 1 || setup.reference_tokens() == 0, "patches with Kontext reference tokens");
-    at::Tensor image_ids = flux::image_position_ids(setup.latent_height, setup.latent_width);
+    at::Tensor image_ids = part.image_position_ids(setup.latent_height, setup.latent_width);
     if (setup.reference_tokens() > 0)
       image_ids = at::cat({image_ids, reference_position_ids(setup.reference_height, setup.reference_width)}, 0);
-    rope_ = part->rope(flux::text_position_ids(S).to(setup.device), image_ids.to(setup.device));
+    rope_ = part.rope(part.text_position_ids(S).to(setup.device), image_ids.to(setup.device));
     rope_.cos = rope_.cos.to(setup.device);
     rope_.sin = rope_.sin.to(setup.device);
     if (setup.patches > 1) {
@@ -80,12 +84,13 @@ class Worker {
   flux::StreamState receive_state(const WorkGroup& g, int64_t step, int pass, const Unit& u) {
     const auto& prev = plan_.blocks(rank_ - 1);
     const bool joint = !prev.ends_in_double();
-    const int64_t m = g.count, S = u.text, D = part_->config().inner_dim();
+    const int64_t m = g.count, S = u.text, D = part_.stream_dim(), M = part_.modulation_dim();
     const int64_t L = u.image.count + (u.patch < 0 ? setup_.reference_tokens() : 0);  // Kontext: + the reference
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
     std::vector<at::Tensor> buffers;
     if (joint) buffers = {at::empty({m, S + L, D}, opts), at::empty({m, D}, opts)};
     else buffers = {at::empty({m, S, D}, opts), at::empty({m, L, D}, opts), at::empty({m, D}, opts)};
+    if (M > 0) buffers.push_back(at::empty({m, M}, opts));
     messenger_->recv_into(rank_ - 1, MessageTag{kind_of(joint), g.first_image, step, pass, u.patch}, buffers);
     flux::StreamState s;
     s.text_len = S;
@@ -97,6 +102,7 @@ class Worker {
       s.img = buffers[1];
       s.temb = buffers[2];
     }
+    if (M > 0) s.modulation = buffers.back();
     return s;
   }
 
@@ -111,7 +117,7 @@ class Worker {
 
   at::Tensor receive_noise_pred(const WorkGroup& g, int64_t step, int pass, const Unit& u) {
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
-    std::vector<at::Tensor> buffers = {at::empty({g.count, u.image.count, part_->config().out_channels}, opts)};
+    std::vector<at::Tensor> buffers = {at::empty({g.count, u.image.count, part_.output_channels()}, opts)};
     messenger_->recv_into(P_ - 1, MessageTag{MessageKind::NoisePred, g.first_image, step, pass, u.patch}, buffers);
     return buffers[0];
   }
@@ -154,7 +160,7 @@ class Worker {
           std::vector<at::Tensor> local;
           for (int pass = 0; pass < setup_.passes; ++pass) {
             trigger(setup_.fault, rank_, step);
-            flux::StreamState s = part_->embed(inputs(root, gi, step, pass, us[ui]));
+            flux::StreamState s = part_.embed(inputs(root, gi, step, pass, us[ui]));
             run_blocks(s, gi, step, pass, us[ui]);
             if (P_ == 1) local.push_back(noise_prediction(s, us[ui]));
             else send_state(s, g, step, pass, us[ui]);
@@ -190,7 +196,7 @@ class Worker {
   // The final layer's output over the unit's image tokens: Kontext's reference tokens are dropped
   // (FluxKontextPipeline keeps noise_pred[:, :L]).
   at::Tensor noise_prediction(const flux::StreamState& s, const Unit& u) const {
-    at::Tensor v = part_->final_layer(s);
+    at::Tensor v = part_.final_layer(s);
     return v.size(1) == u.image.count ? v : v.narrow(1, 0, u.image.count);
   }
 
@@ -207,20 +213,20 @@ class Worker {
     const bool pipelined = u.patch >= 0;
     const bool fills = !pipelined && step + 1 < setup_.steps && !setup_.exact_step(g, step + 1);
     if (!pipelined && !fills) {
-      part_->run_blocks(s, rope_);
+      part_.run_blocks(s, rope_);
       return;
     }
     std::vector<flux::KvCache>& kv = kv_[gi][static_cast<size_t>(pass)];
     if (kv.empty()) {
       FLUX_CHECK(fills, "patch ", u.patch, " of step ", step, " without a warm-up step before it");
-      kv = part_->kv_caches(g.count, setup_.text_tokens + setup_.image_tokens(),
+      kv = part_.kv_caches(g.count, setup_.text_tokens + setup_.image_tokens(),
                             at::TensorOptions().dtype(setup_.dtype).device(setup_.device));
     }
     const int64_t offset = u.offset(setup_.text_tokens);
     for (flux::KvCache& c : kv) c.offset = offset;
     flux::RopeTables rope = rope_;
     if (pipelined) rope = {rope_.cos.narrow(0, offset, u.tokens()), rope_.sin.narrow(0, offset, u.tokens())};
-    part_->run_blocks(s, rope, {}, &kv);
+    part_.run_blocks(s, rope, {}, &kv);
     // The group's last unit of its last step: its caches are not needed any more.
     if (step == setup_.steps - 1 && u.patch == static_cast<int32_t>(setup_.patches) - 1) kv.clear();
   }
@@ -274,7 +280,7 @@ class Worker {
   }
 
   const DenoiseSetup& setup_;
-  const flux::FluxTransformer& part_;
+  const flux::StageModel& part_;
   const parallel::StagePlan& plan_;
   int rank_, P_;
   parallel::Messenger* messenger_;
@@ -286,7 +292,7 @@ class Worker {
 
 }  // namespace
 
-void denoise(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
+void denoise(const DenoiseSetup& setup, const flux::StageModel& part, const parallel::StagePlan& plan, int rank,
              parallel::Messenger* messenger, RootState* root) {
   c10::InferenceMode guard;
   Worker worker(setup, part, plan, rank, messenger);

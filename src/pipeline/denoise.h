@@ -32,7 +32,7 @@
 #include "parallel/message.h"
 #include "parallel/partition.h"
 #include "pipeline/fault.h"
-#include "models/flux/transformer.h"
+#include "models/flux/stage_model.h"
 #include "sched/flow_match_euler.h"
 
 namespace fluxmpi::pipeline {
@@ -115,7 +115,7 @@ struct RootState {
 
 /// Runs this rank's share of every step of every group. `messenger` may be null when P = 1.
 /// `root` is required on rank 0 and ignored elsewhere.
-void denoise(const DenoiseSetup& setup, const flux::FluxTransformer& part, const parallel::StagePlan& plan, int rank,
+void denoise(const DenoiseSetup& setup, const flux::StageModel& part, const parallel::StagePlan& plan, int rank,
              parallel::Messenger* messenger, RootState* root);
 
 }  // namespace fluxmpi::pipeline

@@ -104,7 +104,7 @@ TEST_P(LoraParity, MergedTransformerMatchesDiffusers) {
   root.groups.push_back(in);
   Recorder rec;
   root.observer = &rec;
-  denoise(setup, part, plan, /*rank=*/0, nullptr, &root);
+  denoise(setup, *part, plan, /*rank=*/0, nullptr, &root);
   const at::Tensor ref_v = ref.get("noise_pred"), ref_x = ref.get("latents_steps");
   for (int64_t k = 0; k < steps; ++k) {
     const std::string at_step = "[" + std::to_string(k) + "]";

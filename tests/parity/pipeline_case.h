@@ -95,7 +95,7 @@ inline void check_pipeline_run(const io::ModelDir& dir, const test::CaseRef& c, 
   }
   PipelineRecorder rec;
   root.observer = &rec;
-  denoise(setup, part, plan, /*rank=*/0, nullptr, &root);
+  denoise(setup, *part, plan, /*rank=*/0, nullptr, &root);
   at::Tensor ref_v = ref.get("noise_pred"), ref_x = ref.get("latents_steps");
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t k = 0; k < steps; ++k) {

@@ -69,7 +69,7 @@ TEST_F(Denoise, TrueCfgCombinesConditionalAndNegativePasses) {
   root_.true_cfg_scale = 4.0;
   Recorder rec;
   root_.observer = &rec;
-  denoise(setup_, model_, *plan_, 0, nullptr, &root_);
+  denoise(setup_, *model_, *plan_, 0, nullptr, &root_);
 
   // Step 0 by hand: both passes, combined as neg + scale * (cond - neg), then the Euler step.
   flux::TransformerInputs t;
@@ -96,7 +96,7 @@ TEST_F(Denoise, ResumedGroupFinishesLikeAnUninterruptedOne) {
   root_.groups = {in};
   Recorder full;
   root_.observer = &full;
-  denoise(setup_, model_, *plan_, 0, nullptr, &root_);
+  denoise(setup_, *model_, *plan_, 0, nullptr, &root_);
   const at::Tensor uninterrupted = root_.groups[0].latents.clone();
 
   // Resume after step 1: start at step 2 from the latents stored for step 1.
@@ -105,7 +105,7 @@ TEST_F(Denoise, ResumedGroupFinishesLikeAnUninterruptedOne) {
   root_.groups = {in};
   Recorder resumed;
   root_.observer = &resumed;
-  denoise(setup_, model_, *plan_, 0, nullptr, &root_);
+  denoise(setup_, *model_, *plan_, 0, nullptr, &root_);
   EXPECT_EQ(resumed.x.size(), 2u) << "only steps 2 and 3 run";
   EXPECT_TRUE(test::identical("final latents after resume", root_.groups[0].latents, uninterrupted));
 }
@@ -115,7 +115,7 @@ TEST_F(Denoise, MicrobatchOfTwoMatchesTwoSingleImages) {
   GroupInputs both = inputs(2);
   setup_.groups = {{0, 2, 0}};
   root_.groups = {both};
-  denoise(setup_, model_, *plan_, 0, nullptr, &root_);
+  denoise(setup_, *model_, *plan_, 0, nullptr, &root_);
   const at::Tensor batched = root_.groups[0].latents.clone();
   setup_.groups = {{0, 1, 0}, {1, 1, 0}};
   GroupInputs a, b;
@@ -126,7 +126,7 @@ TEST_F(Denoise, MicrobatchOfTwoMatchesTwoSingleImages) {
   b.text = both.text.narrow(0, 1, 1);
   b.pooled = both.pooled.narrow(0, 1, 1);
   root_.groups = {a, b};
-  denoise(setup_, model_, *plan_, 0, nullptr, &root_);
+  denoise(setup_, *model_, *plan_, 0, nullptr, &root_);
   EXPECT_TRUE(test::close_to("microbatch 2 vs single images", batched,
                              at::cat({root_.groups[0].latents, root_.groups[1].latents}, 0), test::kTolPipelineFp32));
 }

@@ -122,7 +122,7 @@ class PatchedLoop : public testing::Test {
     root.groups = {in_};
     Recorder rec;
     root.observer = &rec;
-    denoise(s, model_, *plan_, 0, nullptr, &root);
+    denoise(s, *model_, *plan_, 0, nullptr, &root);
     EXPECT_EQ(rec.x.size(), 8u) << "every step of both images is observed";
     return rec;
   }

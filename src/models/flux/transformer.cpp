@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/common/tensor_utils.h"
+#include "models/flux/latents.h"
 
 namespace fluxmpi::flux {
 
@@ -66,6 +67,14 @@ StreamState FluxTransformerImpl::embed(const TransformerInputs& in) const {
   s.txt = context_embedder->forward(in.text);
   s.text_len = in.text.size(1);
   return s;
+}
+
+at::Tensor FluxTransformerImpl::text_position_ids(int64_t text_tokens) const {
+  return flux::text_position_ids(text_tokens);
+}
+
+at::Tensor FluxTransformerImpl::image_position_ids(int64_t latent_height, int64_t latent_width) const {
+  return flux::image_position_ids(latent_height, latent_width);
 }
 
 RopeTables FluxTransformerImpl::rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const {

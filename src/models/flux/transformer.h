@@ -18,6 +18,7 @@
 #include "models/flux/embeddings.h"
 #include "models/flux/rope.h"
 #include "models/flux/single_block.h"
+#include "models/flux/stage_model.h"
 
 namespace fluxmpi::flux {
 
@@ -32,47 +33,28 @@ struct TransformerPart {
   int64_t num_blocks() const { return end_block - first_block; }
 };
 
-/// Inputs of a transformer call, as FluxPipeline passes them.
-struct TransformerInputs {
-  at::Tensor latents;   ///< [B, L, in_channels] packed latents
-  at::Tensor text;      ///< [B, S, joint_attention_dim] T5 states
-  at::Tensor pooled;    ///< [B, pooled_projection_dim] CLIP pooled output
-  at::Tensor timestep;  ///< [B] sigma (= t / 1000), in the run dtype
-  at::Tensor guidance;  ///< [B] guidance scale (dev only; undefined for schnell)
-};
-
-/// Activations travelling through the blocks: the text and image streams inside the double
-/// blocks, the joint stream [text; image] once the single blocks start, and temb throughout.
-struct StreamState {
-  at::Tensor txt;    ///< [B, S, D] (double-block phase)
-  at::Tensor img;    ///< [B, L, D] (double-block phase)
-  at::Tensor joint;  ///< [B, S+L, D] (single-block phase)
-  at::Tensor temb;   ///< [B, D]
-  int64_t text_len = 0;
-
-  bool is_joint() const { return joint.defined(); }
-};
-
-/// Called after every block with its name ("double_block_3", "single_block_0") — for tests.
-using BlockObserver = std::function<void(const std::string& name, const StreamState& state)>;
-
-class FluxTransformerImpl : public torch::nn::Module {
+class FluxTransformerImpl : public torch::nn::Module, public StageModel {
  public:
   FluxTransformerImpl(const io::TransformerConfig& config, const TransformerPart& part);
 
   /// Embedders: latents, text, timestep (x1000), guidance (x1000), pooled -> streams and temb.
-  StreamState embed(const TransformerInputs& in) const;
+  StreamState embed(const TransformerInputs& in) const override;
+  /// zeros [S, 3], and (0, row, col) rows (flux/latents.h).
+  at::Tensor text_position_ids(int64_t text_tokens) const override;
+  at::Tensor image_position_ids(int64_t latent_height, int64_t latent_width) const override;
   /// The RoPE tables of the joint sequence cat(txt_ids, img_ids) ([S, 3], [L, 3]).
-  RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
+  RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const override;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first
   /// single block. With `kv` (patch pipelining: one cache per block held, in order; see
   /// kv_caches) the state is a window of the sequence and `rope` holds the window's rows.
   void run_blocks(StreamState& state, const RopeTables& rope, const BlockObserver& observe = {},
-                  std::vector<KvCache>* kv = nullptr) const;
+                  std::vector<KvCache>* kv = nullptr) const override;
   /// One key/value cache per block held, each [batch, tokens, heads, head_dim] (uninitialised).
-  std::vector<KvCache> kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const;
+  std::vector<KvCache> kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const override;
   /// norm_out + proj_out on the image tokens -> [B, L, out_channels].
-  at::Tensor final_layer(const StreamState& state, at::Tensor* normed = nullptr) const;
+  at::Tensor final_layer(const StreamState& state, at::Tensor* normed = nullptr) const override;
+  int64_t stream_dim() const override { return config_.inner_dim(); }
+  int64_t output_channels() const override { return config_.out_channels; }
   /// The whole model (a part holding everything): the noise prediction [B, L, out_channels].
   at::Tensor forward(const TransformerInputs& in, const at::Tensor& txt_ids, const at::Tensor& img_ids) const;
 
