@@ -17,15 +17,17 @@ const char* variant_name(Variant v) { return v == Variant::Dev ? "dev" : "schnel
 namespace {
 
 // model_index.json's _class_name: the FLUX.1 pipelines of diffusers whose folders fluxmpi reads
-// (pipeline/image_mode.h tells what each one does).
+// (pipeline/image_mode.h tells what each one does), and the two FLUX.2 pipelines.
 std::string checked_pipeline_class(const ConfigReader& index) {
   static const char* const kClasses[] = {"FluxPipeline",        "FluxImg2ImgPipeline", "FluxInpaintPipeline",
-                                         "FluxFillPipeline",    "FluxControlPipeline", "FluxKontextPipeline"};
+                                         "FluxFillPipeline",    "FluxControlPipeline", "FluxKontextPipeline",
+                                         "Flux2Pipeline",       "Flux2KleinPipeline"};
   std::string cls = index.string("_class_name", "FluxPipeline");
   for (const char* known : kClasses)
     if (cls == known) return cls;
   index.fail("_class_name", str_cat("must be one of FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, "
-                                    "FluxFillPipeline, FluxControlPipeline, FluxKontextPipeline; got \"", cls, "\""));
+                                    "FluxFillPipeline, FluxControlPipeline, FluxKontextPipeline, Flux2Pipeline, "
+                                    "Flux2KleinPipeline; got \"", cls, "\""));
   return cls;
 }
 
@@ -95,6 +97,7 @@ ModelDir::ModelDir(const std::string& root) : root_(root) {
   check_pipeline_folder(root, "model dir");
   ConfigReader index = read_config("model_index.json");
   pipeline_class_ = checked_pipeline_class(index);
+  if (family() == ModelFamily::Flux2) flux2_kind_ = parse_flux2_kind(index);
   sources_.model = root;
   for (Component c : kComponents) components_[static_cast<int>(c)].path = (fs::path(root) / component_name(c)).string();
 }
@@ -171,7 +174,17 @@ ModelDir::ModelDir(const ModelSources& given) {
   }
   ConfigReader index = read_config("model_index.json");
   pipeline_class_ = checked_pipeline_class(index);
+  if (family() == ModelFamily::Flux2) flux2_kind_ = parse_flux2_kind(index);
   sources_ = s;
+}
+
+ModelFamily ModelDir::family() const {
+  return pipeline_class_.rfind("Flux2", 0) == 0 ? ModelFamily::Flux2 : ModelFamily::Flux1;
+}
+
+const Flux2TransformerConfig& ModelDir::flux2_transformer_config() const {
+  if (!flux2_transformer_) flux2_transformer_ = parse_flux2_transformer_config(read_config("transformer/config.json"));
+  return *flux2_transformer_;
 }
 
 const ComponentSource& ModelDir::source(Component c) const { return components_[static_cast<int>(c)]; }

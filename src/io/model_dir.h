@@ -8,6 +8,7 @@
 #include <string>
 
 #include "io/configs.h"
+#include "io/flux2_configs.h"
 #include "io/single_file.h"
 #include "io/tensor_store.h"
 
@@ -40,6 +41,10 @@ struct ComponentSource {
   std::string describe() const;
 };
 
+/// The model family a pipeline folder holds: FLUX.1 (FluxPipeline and its image-input variants) or
+/// FLUX.2 (Flux2Pipeline, Flux2KleinPipeline).
+enum class ModelFamily { Flux1, Flux2 };
+
 /// FLUX.1-dev is guidance-distilled (a guidance embedding); FLUX.1-schnell is not.
 enum class Variant { Dev, Schnell };
 const char* variant_name(Variant v);
@@ -70,6 +75,11 @@ class ModelDir {
   Variant variant() const { return transformer_config().guidance_embeds ? Variant::Dev : Variant::Schnell; }
   /// model_index.json's _class_name (of the config folder): "FluxPipeline", "FluxFillPipeline", ...
   const std::string& pipeline_class() const { return pipeline_class_; }
+  ModelFamily family() const;
+  /// FLUX.2 folders only: dev, klein or klein base (model_index.json's class and is_distilled).
+  Flux2Kind flux2_kind() const { return flux2_kind_; }
+  /// FLUX.2 folders only: transformer/config.json as Flux2Transformer2DModel.
+  const Flux2TransformerConfig& flux2_transformer_config() const;
 
   /// Configs that must agree: T5 d_model = joint_attention_dim, CLIP hidden_size =
   /// pooled_projection_dim, 4 * VAE latent_channels = in_channels. `with_text` = false skips the
@@ -92,6 +102,8 @@ class ModelDir {
  private:
   std::string root_;
   std::string pipeline_class_ = "FluxPipeline";
+  Flux2Kind flux2_kind_ = Flux2Kind::Dev;
+  mutable std::optional<Flux2TransformerConfig> flux2_transformer_;
   ModelSources sources_;
   ComponentSource components_[4];
   mutable std::optional<TransformerConfig> transformer_;

@@ -9,28 +9,19 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "parallel/param_formulas.h"
 #include "parallel/plan_text.h"
 
 namespace fluxmpi::parallel {
 
+using detail::affine_norm;
+using detail::conv;
+using detail::kMlpRatio;
+using detail::linear;
 using detail::parse_index;
 using detail::range_text;
 
 namespace {
-
-// Sinusoidal channels of diffusers' Timesteps projection in FLUX's time/guidance embedders.
-constexpr int64_t kTimestepChannels = 256;
-// The MLP width of FLUX blocks relative to D (FeedForward mult and single blocks' mlp_ratio).
-constexpr int64_t kMlpRatio = 4;
-
-int64_t linear(int64_t in, int64_t out) { return in * out + out; }
-int64_t conv(int64_t in, int64_t out, int64_t kernel) { return in * out * kernel * kernel + out; }
-// LayerNorm / GroupNorm with affine weight and bias.
-int64_t affine_norm(int64_t channels) { return 2 * channels; }
-
-int64_t vae_resnet(int64_t in, int64_t out) {
-  return affine_norm(in) + conv(in, out, 3) + affine_norm(out) + conv(out, out, 3) + (in != out ? conv(in, out, 1) : 0);
-}
 
 // 11901408320 -> "11,901,408,320"
 std::string group_digits(int64_t n) {
@@ -71,18 +62,23 @@ VaeTiles vae_tiles(const io::VaeConfig& v) {
 // Everything the estimates of one plan need, computed once from the request.
 class CostModel {
  public:
-  explicit CostModel(const PlanRequest& r) : r_(r), p_(count_transformer_params(r.transformer)) {
+  explicit CostModel(const PlanRequest& r)
+      : r_(r), p_(r.family ? r.family->params : count_transformer_params(r.transformer)) {
     const io::TransformerConfig& c = r.transformer;
     const int64_t D = c.inner_dim();
     const double m = static_cast<double>(r.microbatch);
     const double L = static_cast<double>(r.image_tokens + r.text_tokens);
     const double Dd = static_cast<double>(D);
-    // Each token meets 12 D^2 weights in either block type (double: q, k, v, out and the 4D MLP of
-    // its own stream; single: q, k, v, proj_mlp and proj_out over [attn, mlp]); attention is
-    // QK^T and AV over the joint sequence; the modulation linears act on temb once per image.
-    const double per_token = 2.0 * 12 * Dd * Dd * L + 4.0 * L * L * Dd;
-    double_flops_ = m * (per_token + 2.0 * 2 * Dd * 6 * Dd);
-    single_flops_ = m * (per_token + 2.0 * Dd * 3 * Dd);
+    mlp_hidden_ = r.family ? r.family->mlp_hidden : kMlpRatio * D;
+    const bool block_modulation = !r.family || r.family->block_modulation;
+    // Each token meets 4 D^2 attention weights (q, k, v, out) and the MLP's matrices in either
+    // block type (double: those of its own stream; single: the fused projections over [attn,
+    // mlp]): 12 D^2 for FLUX.1's GELU MLP of 4D; attention is QK^T and AV over the joint sequence;
+    // FLUX.1's modulation linears act on temb once per image and block.
+    const double mlp = static_cast<double>(r.family ? r.family->mlp_matrices : 2) * Dd * static_cast<double>(mlp_hidden_);
+    const double per_token = 2.0 * (4 * Dd * Dd + mlp) * L + 4.0 * L * L * Dd;
+    double_flops_ = m * (per_token + (block_modulation ? 2.0 * 2 * Dd * 6 * Dd : 0.0));
+    single_flops_ = m * (per_token + (block_modulation ? 2.0 * Dd * 3 * Dd : 0.0));
     const double time_text = static_cast<double>(p_.embedders - linear(c.in_channels, D) - linear(c.joint_attention_dim, D));
     embedder_flops_ = m * (2.0 * c.in_channels * Dd * r.image_tokens + 2.0 * c.joint_attention_dim * Dd * r.text_tokens +
                            2.0 * time_text);
@@ -92,6 +88,7 @@ class CostModel {
     activation_bytes_ = transformer_activations();
     if (r.clip) encoder_weight_bytes_ += to_bytes(count_clip_text_params(*r.clip), r.dtype_bytes);
     if (r.t5) encoder_weight_bytes_ += to_bytes(count_t5_encoder_params(*r.t5), r.dtype_bytes);
+    if (r.llm) encoder_weight_bytes_ += to_bytes(r.llm->shape.params(r.llm->layers, r.llm->final_norm), r.dtype_bytes);
     encoder_activation_bytes_ = text_activations();
     if (r.vae) {
       vae_weight_bytes_ = to_bytes(count_vae_decoder_params(*r.vae), r.dtype_bytes);
@@ -112,7 +109,7 @@ class CostModel {
   uint64_t vae_activation_bytes() const { return vae_activation_bytes_; }
   uint64_t activation_bytes() const { return activation_bytes_; }
   uint64_t job_bytes() const { return job_bytes_; }
-  bool encodes() const { return r_.clip || r_.t5; }
+  bool encodes() const { return r_.clip || r_.t5 || r_.llm; }
 
   // The estimate of `rank` running global blocks first..last.
   StageEstimate estimate(int rank, int64_t first, int64_t last) const {
@@ -174,7 +171,7 @@ class CostModel {
     const int64_t m = r_.microbatch, b = r_.dtype_bytes, D = c.inner_dim();
     const int64_t L = r_.image_tokens + r_.text_tokens;
     const int64_t streams = (kStreamTensors + kMessageTensors) * m * L * D * b;
-    const int64_t mlp = kMlpTensors * m * L * kMlpRatio * D * b;
+    const int64_t mlp = kMlpTensors * m * L * mlp_hidden_ * b;
     const uint64_t scores = kScoreTensors * score_chunk_bytes(m * c.num_attention_heads, L, L, b, r_.attention_chunk_bytes);
     const int64_t rope = 2 * L * c.attention_head_dim * 4;  // cos and sin tables, fp32
     return static_cast<uint64_t>(streams + mlp + rope) + scores;
@@ -200,7 +197,18 @@ class CostModel {
                                  c.num_heads * S * S * b) +
            kScoreTensors * score_chunk_bytes(c.num_heads, S, S, b, r_.attention_chunk_bytes);
     }
-    return std::max(clip, t5);
+    uint64_t llm = 0;
+    if (r_.llm) {
+      // One prompt at a time: the residual stream and the layer's tensors, the gated MLP's three
+      // [S, I] tensors, the scores of all heads, and the stacked hidden states kept.
+      const io::LlmShape& c = r_.llm->shape;
+      const int64_t S = r_.text_tokens;
+      const int64_t width = std::max(c.hidden_size, c.num_attention_heads * c.head_dim);
+      llm = static_cast<uint64_t>(kTextStreamTensors * S * width * b + 3 * S * c.intermediate_size * b +
+                                  3 * S * c.hidden_size * b) +
+            kScoreTensors * score_chunk_bytes(c.num_attention_heads, S, S, b, r_.attention_chunk_bytes);
+    }
+    return std::max({clip, t5, llm});
   }
 
   // Rank 0 keeps every image's text embeddings (also gathered per microbatch group, so twice)
@@ -284,6 +292,7 @@ class CostModel {
  private:
   const PlanRequest& r_;
   TransformerParamCounts p_;
+  int64_t mlp_hidden_ = 0;
   double double_flops_ = 0, single_flops_ = 0, embedder_flops_ = 0, final_flops_ = 0, total_flops_ = 0;
   uint64_t activation_bytes_ = 0;
   uint64_t encoder_weight_bytes_ = 0, encoder_activation_bytes_ = 0;
@@ -421,54 +430,6 @@ std::string stage_over_budget(const PlanRequest& r, const CostModel& model, int 
 }  // namespace
 
 const char* balance_name(Balance balance) { return balance == Balance::Compute ? "compute" : "memory"; }
-
-TransformerParamCounts count_transformer_params(const io::TransformerConfig& c) {
-  const int64_t D = c.inner_dim(), Dh = c.attention_head_dim, F = kMlpRatio * D;
-  TransformerParamCounts p;
-  // FluxTransformerBlock: per stream (img, txt) an AdaLayerNormZero (6 modulation vectors), q/k/v
-  // and output projections, a per-head RMSNorm weight on q and on k, and a GELU MLP D -> 4D -> D.
-  p.double_block = 2 * (linear(D, 6 * D) + 4 * linear(D, D) + 2 * Dh + linear(D, F) + linear(F, D));
-  // FluxSingleTransformerBlock: AdaLayerNormZeroSingle (3 vectors), q/k/v with RMSNorm weights,
-  // proj_mlp D -> 4D and proj_out over the concatenation [attention, mlp].
-  p.single_block = linear(D, 3 * D) + 3 * linear(D, D) + 2 * Dh + linear(D, F) + linear(D + F, D);
-  const int64_t timestep_mlp = linear(kTimestepChannels, D) + linear(D, D);
-  p.embedders = linear(c.in_channels, D) + linear(c.joint_attention_dim, D) +
-                timestep_mlp * (c.guidance_embeds ? 2 : 1) + linear(c.pooled_projection_dim, D) + linear(D, D);
-  p.final_layer = linear(D, 2 * D) + linear(D, c.patch_size * c.patch_size * c.out_channels);
-  p.total = p.embedders + c.num_layers * p.double_block + c.num_single_layers * p.single_block + p.final_layer;
-  return p;
-}
-
-int64_t count_clip_text_params(const io::ClipTextConfig& c) {
-  const int64_t H = c.hidden_size;
-  const int64_t layer = 4 * linear(H, H) + 2 * affine_norm(H) + linear(H, c.intermediate_size) + linear(c.intermediate_size, H);
-  return c.vocab_size * H + c.max_position_embeddings * H + c.num_hidden_layers * layer + affine_norm(H);
-}
-
-int64_t count_t5_encoder_params(const io::T5Config& c) {
-  const int64_t d = c.d_model, inner = c.num_heads * c.d_kv;
-  const int64_t ff = (c.gated ? 2 : 1) * d * c.d_ff + c.d_ff * d;
-  const int64_t layer = 3 * d * inner + inner * d + d + ff + d;  // T5 linears and RMSNorms have no bias
-  return c.vocab_size * d + c.num_layers * layer + c.relative_attention_num_buckets * c.num_heads + d;
-}
-
-int64_t count_vae_decoder_params(const io::VaeConfig& v) {
-  std::vector<int64_t> channels(v.block_out_channels.rbegin(), v.block_out_channels.rend());
-  const int64_t top = channels.front();
-  int64_t n = v.use_post_quant_conv ? conv(v.latent_channels, v.latent_channels, 1) : 0;
-  n += conv(v.latent_channels, top, 3);
-  n += 2 * vae_resnet(top, top);
-  if (v.mid_block_add_attention) n += affine_norm(top) + 4 * linear(top, top);
-  int64_t in = top;
-  for (size_t i = 0; i < channels.size(); ++i) {
-    const int64_t out = channels[i];
-    for (int64_t j = 0; j < v.layers_per_block + 1; ++j) n += vae_resnet(j == 0 ? in : out, out);
-    if (i + 1 < channels.size()) n += conv(out, out, 3);  // upsamplers.0.conv
-    in = out;
-  }
-  n += affine_norm(v.block_out_channels.front()) + conv(v.block_out_channels.front(), v.out_channels, 3);
-  return n;
-}
 
 std::string StageBlocks::describe() const {
   std::string s;

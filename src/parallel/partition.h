@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/configs.h"
+#include "io/flux2_configs.h"
 
 namespace fluxmpi::parallel {
 
@@ -125,9 +126,33 @@ struct StageEstimate {
   const char* peak_stage = "denoise";  ///< "encode" | "encode images" | "denoise" | "decode"
 };
 
+/// What a model family's blocks cost, when it is not FLUX.1 (parallel/flux2_costs.h for FLUX.2):
+/// the parameter counts, and the shape of the token-wise work in a block.
+struct FamilyCosts {
+  TransformerParamCounts params;
+  int64_t mlp_hidden = 0;       ///< the feed-forward's hidden width
+  int64_t mlp_matrices = 2;     ///< matrices of width D x mlp_hidden per token and block (GELU 2, SwiGLU 3)
+  bool block_modulation = true; ///< each block has its own modulation linears on temb (FLUX.1); else
+                                ///< they are computed once per forward with the embedders (FLUX.2)
+};
+
+/// A decoder-only text encoder (FLUX.2) as rank 0 runs it: the embeddings and the layers up to the
+/// last hidden state used, never the lm_head.
+struct LlmEncoderCosts {
+  io::LlmShape shape;
+  int64_t layers = 0;        ///< decoder layers built
+  bool final_norm = false;   ///< the final RMSNorm is used (a hidden state after the last layer)
+};
+
+/// Flux2Transformer2DModel by formula (no biases; the modulation linears counted with the
+/// embedders; SwiGLU feed-forwards of int(D * mlp_ratio)).
+FamilyCosts flux2_family_costs(const io::Flux2TransformerConfig& config);
+
 /// What a plan is made from.
 struct PlanRequest {
-  io::TransformerConfig transformer;
+  io::TransformerConfig transformer;  ///< FLUX.2: io::transformer_shape() of its config
+  std::optional<FamilyCosts> family;  ///< absent: FLUX.1's counts and shapes by formula
+  std::optional<LlmEncoderCosts> llm; ///< FLUX.2: its text encoder (absent: nothing to encode)
   std::optional<io::ClipTextConfig> clip;  ///< absent: rank 0 loads no CLIP (nothing to encode)
   std::optional<io::T5Config> t5;          ///< absent: rank 0 loads no T5
   std::optional<io::VaeConfig> vae;        ///< absent: nothing is decoded

@@ -31,7 +31,8 @@ std::vector<BadInput> rows() {
           .setup([](Workspace& w) { write_bytes(w.model_file("model_index.json"), "{\"_class_name\": \"FluxPipeline\",\n"); }),
       BadInput("model_index_wrong_pipeline", kExitBadInput, "ConfigError",
                {"model_index.json: '_class_name' must be one of FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, "
-                "FluxFillPipeline, FluxControlPipeline, FluxKontextPipeline; got \"StableDiffusionPipeline\""})
+                "FluxFillPipeline, FluxControlPipeline, FluxKontextPipeline, Flux2Pipeline, Flux2KleinPipeline; got "
+                "\"StableDiffusionPipeline\""})
           .setup(set_key("model_index.json", "_class_name", "StableDiffusionPipeline")),
 
       // --- One config file: missing, not JSON, missing or ill-typed keys ------------------------
