@@ -272,7 +272,8 @@ void CheckpointFile::validate_image(int64_t i) {
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);
   if (!shapes_[i].true_cfg)
-    for (const char* extra : {"text/negative_prompt_embeds", "text/negative_pooled_prompt_embeds"})
+    for (const char* extra : {"text/negative_prompt_embeds", "text/negative_pooled_prompt_embeds", "text/negative_input_ids",
+                              "text/negative_attention_mask"})
       if (h5::path_exists(g.get(), extra))
         throw CheckpointError(str_cat(where(i, extra), ": present although true CFG is off (true_cfg_scale ",
                                       a.true_cfg_scale, ", negative_prompt '", a.negative_prompt, "')"));

@@ -29,6 +29,16 @@ ImageState CheckpointReader::state(int64_t image) const { return file_->state(im
 TextEmbeddings CheckpointReader::text(int64_t image) const {
   TextEmbeddings t;
   t.prompt_embeds = file_->read(image, "text/prompt_embeds");
+  if (shape(image).flux2) {
+    t.input_ids = file_->read(image, "text/input_ids").to(at::kLong);
+    t.attention_mask = file_->read(image, "text/attention_mask").to(at::kLong);
+    if (shape(image).true_cfg) {
+      t.negative_prompt_embeds = file_->read(image, "text/negative_prompt_embeds");
+      t.negative_input_ids = file_->read(image, "text/negative_input_ids").to(at::kLong);
+      t.negative_attention_mask = file_->read(image, "text/negative_attention_mask").to(at::kLong);
+    }
+    return t;
+  }
   t.pooled_prompt_embeds = file_->read(image, "text/pooled_prompt_embeds");
   t.clip_input_ids = file_->read(image, "text/clip_input_ids").to(at::kLong);
   t.t5_input_ids = file_->read(image, "text/t5_input_ids").to(at::kLong);

@@ -38,6 +38,11 @@ struct TextEmbeddings {
   at::Tensor t5_input_ids;                   ///< [S]
   at::Tensor negative_prompt_embeds;         ///< [S, joint_attention_dim] or undefined
   at::Tensor negative_pooled_prompt_embeds;  ///< [pooled_projection_dim] or undefined
+  // FLUX.2 (family flux2) instead of the CLIP/T5/pooled tensors above:
+  at::Tensor input_ids;                      ///< [S] the text encoder's ids
+  at::Tensor attention_mask;                 ///< [S] 1 = real token
+  at::Tensor negative_input_ids;             ///< [S] or undefined
+  at::Tensor negative_attention_mask;        ///< [S] or undefined
 };
 
 /// The changing part of an image group.

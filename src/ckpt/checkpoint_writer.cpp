@@ -325,8 +325,8 @@ CheckpointWriter CheckpointWriter::create(const std::string& path, const FileAtt
   if (images.empty()) throw InternalError("CheckpointWriter::create: a job without images");
   io::TransformerConfig config;
   try {
-    config = io::parse_transformer_config(io::ConfigReader::from_text(file.model_config, "checkpoint model_config"));
-  } catch (const ConfigError& e) {
+    config = stored_transformer_config(file.model_config, "checkpoint model_config");
+  } catch (const CheckpointError& e) {
     throw InternalError(str_cat("CheckpointWriter::create: ", e.what()));
   }
   std::vector<ImageShape> shapes;
@@ -448,6 +448,20 @@ void CheckpointWriter::write_text(int64_t i, const TextEmbeddings& text) {
   Impl& m = impl();
   m.check_image(i);
   m.write_whole(i, "text/prompt_embeds", text.prompt_embeds, at::kFloat, H5T_NATIVE_FLOAT);
+  if (m.file->shape(i).flux2) {
+    m.write_whole(i, "text/input_ids", text.input_ids, at::kInt, H5T_NATIVE_INT32);
+    m.write_whole(i, "text/attention_mask", text.attention_mask, at::kInt, H5T_NATIVE_INT32);
+    const bool cfg = m.file->shape(i).true_cfg;
+    if (cfg != text.negative_prompt_embeds.defined())
+      throw InternalError(str_cat("checkpoint: ", image_group(i), ": negative embeddings ", cfg ? "missing" : "given",
+                                  " but true CFG is ", cfg ? "on" : "off", " for this image"));
+    if (cfg) {
+      m.write_whole(i, "text/negative_input_ids", text.negative_input_ids, at::kInt, H5T_NATIVE_INT32);
+      m.write_whole(i, "text/negative_attention_mask", text.negative_attention_mask, at::kInt, H5T_NATIVE_INT32);
+      m.write_whole(i, "text/negative_prompt_embeds", text.negative_prompt_embeds, at::kFloat, H5T_NATIVE_FLOAT);
+    }
+    return;
+  }
   m.write_whole(i, "text/pooled_prompt_embeds", text.pooled_prompt_embeds, at::kFloat, H5T_NATIVE_FLOAT);
   m.write_whole(i, "text/clip_input_ids", text.clip_input_ids, at::kInt, H5T_NATIVE_INT32);
   m.write_whole(i, "text/t5_input_ids", text.t5_input_ids, at::kInt, H5T_NATIVE_INT32);

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "io/flux2_configs.h"
 #include "io/json_config.h"
 
 namespace fluxmpi::ckpt {
@@ -64,7 +65,10 @@ bool uses_true_cfg(const ImageAttributes& a) { return a.true_cfg_scale > 1.0; }
 
 io::TransformerConfig stored_transformer_config(const std::string& model_config, const std::string& label) {
   try {
-    return io::parse_transformer_config(io::ConfigReader::from_text(model_config, label));
+    const io::ConfigReader reader = io::ConfigReader::from_text(model_config, label);
+    // A FLUX.2 checkpoint stores Flux2Transformer2DModel's config: its shape fields are the same.
+    if (io::is_flux2_transformer_config(reader)) return io::transformer_shape(io::parse_flux2_transformer_config(reader));
+    return io::parse_transformer_config(reader);
   } catch (const ConfigError& e) {
     throw CheckpointError(e.what());
   }
@@ -104,6 +108,11 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
   s.true_cfg = uses_true_cfg(image);
   s.patched = image.patches > 1;
   s.pipeline = image.pipeline;
+  if (image.family != "flux1" && image.family != "flux2")
+    throw CheckpointError(str_cat(where, ": attribute 'family' is '", image.family, "', expected flux1 or flux2"));
+  s.flux2 = image.family == "flux2";
+  if (s.flux2 && image.pipeline != "text2img")
+    throw CheckpointError(str_cat(where, ": attribute 'pipeline' is '", image.pipeline, "': FLUX.2 images are text2img"));
   s.image_h = image.image.height, s.image_w = image.image.width;
   s.mask_h = image.mask.height, s.mask_w = image.mask.width;
   s.control_h = image.control_image.height, s.control_w = image.control_image.width;
@@ -135,11 +144,22 @@ std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
       {"status", T::String, {}, false},
       {"last_step", T::Int64, {}, false},
       {"text/prompt_embeds", T::Float32, {s.text_tokens, s.joint_attention_dim}, false},
-      {"text/pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false},
-      {"text/clip_input_ids", T::Int32, {kClipTokens}, false},
-      {"text/t5_input_ids", T::Int32, {s.text_tokens}, false},
   };
-  if (s.true_cfg) {
+  if (s.flux2) {
+    // One decoder-only text encoder: its ids and attention mask, no pooled output.
+    specs.push_back({"text/input_ids", T::Int32, {s.text_tokens}, false});
+    specs.push_back({"text/attention_mask", T::Int32, {s.text_tokens}, false});
+    if (s.true_cfg) {
+      specs.push_back({"text/negative_input_ids", T::Int32, {s.text_tokens}, false});
+      specs.push_back({"text/negative_attention_mask", T::Int32, {s.text_tokens}, false});
+      specs.push_back({"text/negative_prompt_embeds", T::Float32, {s.text_tokens, s.joint_attention_dim}, false});
+    }
+  } else {
+    specs.push_back({"text/pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false});
+    specs.push_back({"text/clip_input_ids", T::Int32, {kClipTokens}, false});
+    specs.push_back({"text/t5_input_ids", T::Int32, {s.text_tokens}, false});
+  }
+  if (s.true_cfg && !s.flux2) {
     specs.push_back({"text/negative_prompt_embeds", T::Float32, {s.text_tokens, s.joint_attention_dim}, false});
     specs.push_back({"text/negative_pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false});
   }
@@ -189,8 +209,8 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     io::TransformerConfig s = stored_transformer_config(stored_file.model_config, str_cat(label, ": /model_config"));
     io::TransformerConfig r;
     try {
-      r = io::parse_transformer_config(io::ConfigReader::from_text(requested_file.model_config, "transformer config"));
-    } catch (const ConfigError& e) {
+      r = stored_transformer_config(requested_file.model_config, "transformer config");
+    } catch (const CheckpointError& e) {
       throw InternalError(str_cat("check_matches: the requested transformer config is invalid: ", e.what()));
     }
     const std::string w = "model_config: ";

@@ -111,6 +111,7 @@ struct ImageShape {
   bool true_cfg = false;
   bool patched = false;               ///< patches > 1: the image has `latents/exact`
   std::string pipeline = "text2img";  ///< ImageAttributes::pipeline
+  bool flux2 = false;                 ///< family flux2: text/input_ids and attention_mask, no CLIP/T5/pooled
   int64_t image_h = 0, image_w = 0, mask_h = 0, mask_w = 0, control_h = 0, control_w = 0;  ///< inputs/* (0: none)
   int64_t condition_tokens = 0;       ///< rows of latents/image (0: none)
   int64_t condition_dim = 0;          ///< its features
