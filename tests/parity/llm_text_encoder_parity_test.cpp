@@ -3,13 +3,15 @@
 // hidden_state_{k} of the text_encoder_forward(_nopad) cases and the stacked default layers, the
 // prompt states and embeds of every pipeline case from its recorded ids and mask (a layer-limited
 // load), all in fp32 at kTolFp32 on test::test_device(); layer-range parts chained bit-identical to
-// the whole; the loader reading only what it builds; bad layer lists and configs.
+// the whole; the loader reading only what it builds, both Mistral3 key layouts, unclaimed keys;
+// bad layer lists and configs.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -271,6 +273,75 @@ TEST_P(TextEncoderLoader, ReadsOnlyTheBuiltLayers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Flux2, TextEncoderLoader, testing::ValuesIn(padded_forward_cases()), test::image_case_name);
+
+// Writes every tensor of the encoder in `dir`, its key changed by `rename`, plus `extra` keys
+// (4 fp32 zeros each), as one model.safetensors next to a copy of config.json in `out`.
+void write_single_file_copy(const std::string& dir, const fs::path& out,
+                            const std::function<std::string(const std::string&)>& rename,
+                            const std::vector<std::string>& extra = {}) {
+  fs::copy_file(dir + "/config.json", out / "config.json");
+  io::TensorStore original = io::TensorStore::open_dir(dir, "text encoder '" + dir + "'");
+  io::SafetensorsWriter writer;
+  for (const std::string& key : original.keys()) {
+    const io::TensorView view = original.get(key);
+    writer.add(rename(key), view.entry->dtype, view.entry->shape, view.data(), view.entry->num_bytes());
+  }
+  const float zeros[4] = {0, 0, 0, 0};
+  for (const std::string& key : extra) writer.add(key, io::DType::F32, {4}, zeros, sizeof zeros);
+  writer.write((out / "model.safetensors").string());
+}
+
+// transformers >= 4.52 saves Mistral3 as model.language_model.*, model.vision_tower.*,
+// model.multi_modal_projector.*, lm_head.*: the same weights under those keys give the same bits.
+TEST(TextEncoderLayouts, NewerMistral3KeysLoadTheSameWeights) {
+  const std::vector<SubtreeCase> cases = padded_forward_cases();
+  REQUIRE_FLUX2_CASE(cases.front());
+  auto dev = std::find_if(cases.begin(), cases.end(), [](const SubtreeCase& c) {
+    return !c.name.empty() && read_decoder_config(encoder_dir(c)).architecture == Architecture::Mistral3;
+  });
+  ASSERT_TRUE(dev != cases.end()) << "no Mistral3 text_encoder_forward case";
+  const SubtreeCase& c = *dev;
+  ScratchDir scratch("mistral3-layout");
+  write_single_file_copy(encoder_dir(c), scratch.path(), [](const std::string& key) {
+    for (const auto& [old_prefix, new_prefix] :
+         std::vector<std::pair<std::string, std::string>>{{"language_model.model.", "model.language_model."},
+                                                          {"language_model.lm_head.", "lm_head."},
+                                                          {"vision_tower.", "model.vision_tower."},
+                                                          {"multi_modal_projector.", "model.multi_modal_projector."}})
+      if (key.rfind(old_prefix, 0) == 0) return new_prefix + key.substr(old_prefix.size());
+    ADD_FAILURE() << "unexpected key " << key;
+    return key;
+  });
+  const std::vector<int64_t> layers = {10, 20, 40};
+  TextDecoder legacy = load_text_encoder(encoder_dir(c), layers, at::kFloat, at::kCPU);
+  nn::LoadStats stats;
+  TextDecoder newer = load_text_encoder(scratch.path().string(), layers, at::kFloat, at::kCPU, &stats);
+  EXPECT_EQ(stats.tensors, 2 + 40 * tensors_per_layer(legacy->config()));
+  test::CaseTensors tensors(c.file);
+  const at::Tensor ids = tensors.get("in_input_ids"), mask = tensors.get("in_attention_mask");
+  expect_identical(c.name + " layers 10, 20, 40 from model.language_model.* keys", newer->encode(ids, mask, layers),
+                   legacy->encode(ids, mask, layers));
+}
+
+// A key of the text tower inside the built range that no parameter claims is an error naming it;
+// the same key in a layer the load does not build is not this load's concern.
+TEST(TextEncoderLayouts, UnclaimedKeyInTheBuiltRangeIsAnError) {
+  const std::vector<SubtreeCase> cases = padded_forward_cases();
+  REQUIRE_FLUX2_CASE(cases.front());
+  auto klein = std::find_if(cases.begin(), cases.end(), [](const SubtreeCase& c) {
+    return !c.name.empty() && read_decoder_config(encoder_dir(c)).architecture == Architecture::Qwen3;
+  });
+  ASSERT_TRUE(klein != cases.end()) << "no Qwen3 text_encoder_forward case";
+  ScratchDir scratch("qwen3-stray");
+  write_single_file_copy(encoder_dir(*klein), scratch.path(), [](const std::string& key) { return key; },
+                         {"model.layers.3.self_attn.q_proj.bias", "model.layers.30.self_attn.q_proj.bias"});
+  const std::string dir = scratch.path().string();
+  const std::string msg = error_of<WeightError>([&] { load_text_encoder(dir, {9, 18, 27}, at::kFloat, at::kCPU); });
+  EXPECT_NE(msg.find("'model.layers.3.self_attn.q_proj.bias'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no parameter of the model claims it"), std::string::npos) << msg;
+  // Layers 0..1 only: both stray keys are outside the part.
+  EXPECT_NO_THROW(load_text_encoder(dir, {2}, at::kFloat, at::kCPU));
+}
 
 TEST(TextEncoderBadInput, LayerBeyondTheDepthNamesItAndTheDepth) {
   const SubtreeCase c = padded_forward_cases().front();
