@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -106,6 +107,35 @@ TEST_P(Flux2TransformerForward, MatchesEveryIntermediate) {
   expect_close(where + "norm_out_out", normed, ref.get("norm_out_out"), kTolFp32);
   expect_close(where + "out_sample", out, ref.get("out_sample"), kTolFp32);
   expect_identical(where + "forward() = the stage calls", model->forward(x.in, x.txt_ids, x.img_ids), out);
+}
+
+// bf16 weights and activations (the CPU's one-pass LayerNorm-modulate kernel): a sanity bound,
+// not a parity claim (tests/support/tensor_compare.h). As diffusers does, the timestep is cast to
+// the run dtype before the x1000 (and the product rounds to bf16 too): that moves t * 1000 by up to
+// ~4, which changes the fast sinusoid channels of temb entirely. So the reference is the fp32
+// model (at parity above) given the timestep and guidance whose x1000 is the bf16 run's, and the
+// bound measures bf16 arithmetic only.
+TEST_P(Flux2TransformerForward, Bf16WithinSanityBound) {
+  const SubtreeCase& c = GetParam();
+  REQUIRE_FLUX2_CASE(c);
+  c10::InferenceMode guard;
+  test::CaseTensors ref(c.file);
+  const std::string dir = transformer_dir(c);
+  const TransformerPart whole = whole_part(read_transformer_config(dir));
+  Inputs x = inputs_of(ref);
+  const auto bf16_rounded = [](const at::Tensor& t) {
+    return t.defined() ? (t.to(at::kBFloat16) * 1000).to(at::kFloat) / 1000 : t;
+  };
+  x.in.timestep = bf16_rounded(x.in.timestep);
+  x.in.guidance = bf16_rounded(x.in.guidance);
+  const at::Tensor expected = load_part(c, whole)->forward(x.in, x.txt_ids, x.img_ids).cpu();
+  Flux2Transformer model = load_flux2_transformer(dir, whole, at::kBFloat16, test::test_device());
+  x.in.latents = x.in.latents.to(at::kBFloat16);
+  x.in.text = x.in.text.to(at::kBFloat16);
+  const at::Tensor out = model->forward(x.in, x.txt_ids, x.img_ids);
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  expect_close(c.name + ": out_sample (bf16 run vs fp32 run, same rounded timestep)", out, expected,
+               test::kTolBf16Sanity);
 }
 
 // The widths the step loop sizes its messages and outputs with.
@@ -230,10 +260,10 @@ TEST_P(Flux2TransformerForward, KvCacheWindow) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Flux2TransformerForward, testing::ValuesIn(cases_of("transformer_forward")),
                          test::image_case_name);
 
-// The position ids the pipelines build from the size alone.
-class Flux2PositionIds : public testing::TestWithParam<SubtreeCase> {};
+// Pipeline cases: the position ids the pipelines build from the size alone.
+class Flux2PipelineCase : public testing::TestWithParam<SubtreeCase> {};
 
-TEST_P(Flux2PositionIds, FromSize) {
+TEST_P(Flux2PipelineCase, PositionIdsFromSize) {
   const SubtreeCase& c = GetParam();
   REQUIRE_FLUX2_CASE(c);
   test::CaseTensors ref(c.file);
@@ -246,7 +276,45 @@ TEST_P(Flux2PositionIds, FromSize) {
   expect_identical(c.name + ": text_ids[0]", model->text_position_ids(text_ids.size(1)), text_ids[0]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Flux2PositionIds, testing::ValuesIn(cases_of("pipeline")), test::image_case_name);
+// Every transformer call of every pipeline case, each from its own stored inputs (so errors do not
+// accumulate across steps): step k sees latents_initial (k = 0) or latents_steps[k-1]; with CFG
+// (klein base) both the conditional and the unconditional ('' prompt) outputs.
+TEST_P(Flux2PipelineCase, NoisePredictionOfEveryStep) {
+  const SubtreeCase& c = GetParam();
+  REQUIRE_FLUX2_CASE(c);
+  c10::InferenceMode guard;
+  using test::on_test_device;
+  test::CaseTensors ref(c.file);
+  const std::string dir = transformer_dir(c);
+  static std::map<std::string, Flux2Transformer> models;
+  auto it = models.find(dir);
+  if (it == models.end()) it = models.emplace(dir, load_part(c, whole_part(read_transformer_config(dir)))).first;
+  const Flux2Transformer& model = it->second;
+  const bool cfg = ref.has("noise_pred_cond");
+  const at::Tensor cond_ref = ref.get(cfg ? "noise_pred_cond" : "noise_pred");  // [N, n, L, C]
+  const at::Tensor steps = on_test_device(ref.get("latents_steps"));
+  const at::Tensor timestep = on_test_device(ref.get("transformer_timestep"));  // [N, n]
+  const flux::RopeTables rope = model->rope(on_test_device(ref.get("text_ids")[0]), on_test_device(ref.get("latent_ids")[0]));
+  flux::TransformerInputs in;
+  if (model->config().guidance_embeds) in.guidance = on_test_device(ref.get("guidance"));
+  for (int64_t k = 0; k < cond_ref.size(0); ++k) {
+    in.latents = k == 0 ? on_test_device(ref.get("latents_initial")) : steps[k - 1];
+    in.timestep = timestep[k];
+    const std::string step = "[" + std::to_string(k) + "]";
+    in.text = on_test_device(ref.get("prompt_embeds"));
+    flux::StreamState s = model->embed(in);
+    model->run_blocks(s, rope);
+    expect_close(c.name + ": " + (cfg ? "noise_pred_cond" : "noise_pred") + step, model->final_layer(s), cond_ref[k],
+                 kTolFp32);
+    if (!cfg) continue;
+    in.text = on_test_device(ref.get("negative_prompt_embeds"));
+    s = model->embed(in);
+    model->run_blocks(s, rope);
+    expect_close(c.name + ": noise_pred_uncond" + step, model->final_layer(s), ref.get("noise_pred_uncond")[k], kTolFp32);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Flux2PipelineCase, testing::ValuesIn(cases_of("pipeline")), test::image_case_name);
 
 // ---------------------------------------------------------------------------------------------
 // Bad input: one line naming the file and the field.
