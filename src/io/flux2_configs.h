@@ -19,11 +19,15 @@ namespace fluxmpi::io {
 enum class Flux2Kind { Dev, Klein, KleinBase };
 const char* flux2_kind_name(Flux2Kind kind);  ///< "dev", "klein", "klein-base"
 
-/// Flux2Transformer2DModel (diffusers) arguments.
+/// Flux2Transformer2DModel (diffusers) arguments: the one config struct of the FLUX.2 transformer
+/// (models/flux2 builds its modules from it). Unlike FLUX.1's, every architecture field must be
+/// present in config.json: diffusers' defaults are those of the 32B FLUX.2 [dev], so a missing
+/// field would silently describe another model. Only out_channels may be null or absent (->
+/// in_channels).
 struct Flux2TransformerConfig {
   int64_t patch_size = 1;
   int64_t in_channels = 128;
-  int64_t out_channels = 128;  ///< null/absent -> in_channels
+  int64_t out_channels = 128;
   int64_t num_layers = 8;
   int64_t num_single_layers = 48;
   int64_t attention_head_dim = 128;
@@ -34,15 +38,19 @@ struct Flux2TransformerConfig {
   std::vector<int64_t> axes_dims_rope = {32, 32, 32, 32};
   double rope_theta = 2000;
   double eps = 1e-6;
-  bool guidance_embeds = true;
-  std::string json_text;
+  bool guidance_embeds = true;  ///< FLUX.2 [dev]: a guidance embedder; [klein]: none
+  std::string json_text;        ///< the config.json as read
 
-  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }  ///< D
   int64_t num_blocks() const { return num_layers + num_single_layers; }
-  /// The SwiGLU feed-forward's hidden width, int(D * mlp_ratio) as diffusers computes it.
-  int64_t mlp_hidden() const { return static_cast<int64_t>(static_cast<double>(inner_dim()) * mlp_ratio); }
+  /// int(D * mlp_ratio), as Python's int() truncates: the SwiGLU's inner width.
+  int64_t mlp_hidden_dim() const { return static_cast<int64_t>(static_cast<double>(inner_dim()) * mlp_ratio); }
+  /// Width of the global modulation vectors: double img (6D) | double txt (6D) | single (3D).
+  int64_t modulation_dim() const { return 15 * inner_dim(); }
   int64_t latent_channels() const { return out_channels / 4; }
 };
+inline constexpr const char* kFlux2TransformerClass = "Flux2Transformer2DModel";
+/// Parses and checks the config (ConfigError "<label>: '<key>' <problem>", one line).
 Flux2TransformerConfig parse_flux2_transformer_config(const ConfigReader& reader);
 /// Whether a transformer config.json is a FLUX.2 one (its _class_name).
 bool is_flux2_transformer_config(const ConfigReader& reader);

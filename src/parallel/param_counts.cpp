@@ -64,7 +64,7 @@ int64_t count_vae_decoder_params(const io::VaeConfig& v) {
 FamilyCosts flux2_family_costs(const io::Flux2TransformerConfig& c) {
   // No biases anywhere: a projection is in x out weights.
   auto matrix = [](int64_t in, int64_t out) { return in * out; };
-  const int64_t D = c.inner_dim(), Dh = c.attention_head_dim, F = c.mlp_hidden();
+  const int64_t D = c.inner_dim(), Dh = c.attention_head_dim, F = c.mlp_hidden_dim();
   FamilyCosts f;
   f.mlp_hidden = F;
   f.mlp_matrices = 3;  // SwiGLU: linear_in D -> 2F (gate and value), linear_out F -> D
