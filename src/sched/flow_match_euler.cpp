@@ -30,9 +30,13 @@ std::vector<double> linspace(double start, double stop, int64_t n) {
 }  // namespace
 
 Schedule flux_schedule(const io::SchedulerConfig& c, int64_t num_steps, int64_t image_seq_len) {
+  return schedule_with_mu(c, num_steps, calculate_shift(image_seq_len, c));
+}
+
+Schedule schedule_with_mu(const io::SchedulerConfig& c, int64_t num_steps, double mu) {
   FLUX_CHECK(num_steps >= 1, "num_steps must be positive");
   Schedule s;
-  s.mu = calculate_shift(image_seq_len, c);
+  s.mu = mu;
   std::vector<double> in = linspace(1.0, 1.0 / static_cast<double>(num_steps), num_steps);
   // numpy arithmetic between float32 arrays and Python scalars stays in float32: every scalar is
   // rounded to float32 first, and every operation is a float32 operation.

@@ -26,6 +26,10 @@ double calculate_shift(int64_t image_seq_len, const io::SchedulerConfig& config)
 /// The schedule of `num_steps` steps for an image of `image_seq_len` packed tokens.
 Schedule flux_schedule(const io::SchedulerConfig& config, int64_t num_steps, int64_t image_seq_len);
 
+/// The schedule of set_timesteps(sigmas=linspace(1, 1/N, N), mu=mu): what flux_schedule computes once
+/// it has its mu; the pipelines that derive mu otherwise (FLUX.2, sched/flux2_schedule.h) pass it here.
+Schedule schedule_with_mu(const io::SchedulerConfig& config, int64_t num_steps, double mu);
+
 /// One Euler step: sample + (sigma_next - sigma) * v, computed as the scheduler does (sample upcast
 /// to float32, result cast back to v's dtype). sample, v: same shape.
 at::Tensor euler_step(const at::Tensor& sample, const at::Tensor& v, float sigma, float sigma_next);

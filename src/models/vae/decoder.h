@@ -17,6 +17,7 @@ namespace fluxmpi::vae {
 
 /// Intermediate activations of one decoder run, for parity tests and debugging.
 struct DecoderTrace {
+  at::Tensor post_quant_conv;          ///< [B, latent_channels, h, w]; set by VaeDecoder when it has one
   at::Tensor conv_in;                  ///< [B, C_last, h, w]
   at::Tensor mid_block;                ///< [B, C_last, h, w]
   std::vector<at::Tensor> up_blocks;   ///< output of up_blocks.<i>, deepest first

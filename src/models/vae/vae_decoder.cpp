@@ -27,7 +27,10 @@ at::Tensor VaeDecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) con
   nn::check_shape(z, {-1, config_.latent_channels, -1, -1}, "VAE decode input [B, latent_channels, h, w]");
   at::Tensor h = z.to(device(), dtype());
   if (post_quant_conv_) h = post_quant_conv_->forward(h);
-  return decoder_->forward(h, trace);
+  at::Tensor image = decoder_->forward(h, trace);
+  // Recorded after the decoder, which starts its trace afresh.
+  if (trace && post_quant_conv_) trace->post_quant_conv = h;
+  return image;
 }
 
 at::Tensor VaeDecoderImpl::decode(const at::Tensor& z, const DecodeOptions& options) const {
