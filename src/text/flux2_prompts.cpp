@@ -91,6 +91,10 @@ Flux2Tokenizer::Flux2Tokenizer(const std::string& dir, const std::string& label)
                                    bpe_.file_label()));
     bos_token_ = bos->first;
   }
+  // The chat templates rely on their special tokens being split out of the text.
+  if (auto split = config.json.find("split_special_tokens"); split != config.json.end() && *split == true)
+    throw TokenizerError(str_cat(config.label, ": 'split_special_tokens' true is not supported (the chat template's ",
+                                 "special tokens would be tokenised as text)"));
   // The tokenizer classes' defaults: LlamaTokenizerFast pads on the left, Qwen2 on the right.
   pads_left_ = left_side(config, "padding_side", style_ == Flux2TextStyle::Mistral);
   truncates_left_ = left_side(config, "truncation_side", false);
