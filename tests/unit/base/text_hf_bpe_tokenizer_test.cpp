@@ -129,6 +129,26 @@ TEST_F(HfBpeFiles, Qwen2SplitRegexCompilesAndSplitsAsHf) {
             (std::vector<std::string>{"I", "'m", "Ġ", "Ġok", "ĊĊ", "yes", "Ġ", "1", "2"}));
 }
 
+TEST_F(HfBpeFiles, ByteLevelAloneSplitsWithGpt2Regex) {
+  // A ByteLevel pre-tokenizer with use_regex applies GPT-2's split itself.
+  json t = tiny_tokenizer({"'m", "Ġok", "Ġ12"}, {});
+  t["model"]["ignore_merges"] = true;
+  t["pre_tokenizer"] = t["pre_tokenizer"]["pretokenizers"][1];
+  t["pre_tokenizer"]["use_regex"] = true;
+  write(t);
+  EXPECT_EQ(load().tokenize("I'm  ok 12"), (std::vector<std::string>{"I", "'m", "Ġ", "Ġok", "Ġ12"}));
+}
+
+TEST_F(HfBpeFiles, NormalizedAddedTokensMatchTheNormalisedText) {
+  json t = tiny_tokenizer({}, {});
+  t["normalizer"] = {{"type", "NFC"}};
+  t["added_tokens"] = json::array({added(300, "\xC3\xA9t\xC3\xA9")});  // "été", composed
+  t["added_tokens"][0]["normalized"] = true;
+  write(t);
+  // Written decomposed, it is found only after NFC.
+  EXPECT_EQ(load().encode("xe\xCC\x81te\xCC\x81"), (std::vector<int64_t>{'x', 300}));
+}
+
 TEST_F(HfBpeFiles, AddedTokensSplitFirstLeftmostLongest) {
   json t = tiny_tokenizer({}, {});
   t["added_tokens"] = json::array({added(300, "<a>"), added(301, "<a><b>"), added(302, "b>", false)});
