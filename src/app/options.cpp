@@ -90,7 +90,10 @@ const Spec kSpecs[] = {
     {"guidance", 0, Group::Sampling, Kind::Number, "SCALE", nullptr,
      "guidance scale of dev (default 3.5); schnell has no guidance and ignores it", false},
     {"max-sequence-length", 0, Group::Sampling, Kind::Integer, "N", nullptr,
-     "T5 tokens, 1..512 (default: 512 for dev, 256 for schnell)", false},
+     "T5 tokens, 1..512 (default: 512 for dev, 256 for schnell; FLUX.2: text-encoder tokens, default 512)", false},
+    {"text-encoder-layers", 0, Group::Sampling, Kind::Text, "A,B,C", nullptr,
+     "FLUX.2: the text encoder's hidden states stacked into the prompt embedding (diffusers' "
+     "text_encoder_out_layers; default 10,20,30 for dev, 9,18,27 for klein)", false},
 
     // Image inputs (docs/images.md): the mode follows from the model and the images given.
     {"image", 0, Group::Images, Kind::Text, "FILE", nullptr,
@@ -547,6 +550,22 @@ RunConfig validate(const Settings& s) {
 
   c.threads = *s.integer("threads", 0, kMaxThreads);
   c.balance = s.choice("balance", {"compute", "memory"});
+  if (s.has("text-encoder-layers")) {
+    // "9,18,27": non-negative layer indices (0 = the embeddings), checked against the encoder's
+    // depth once the model is known.
+    const std::string text = s.text("text-encoder-layers");
+    size_t start = 0;
+    while (start <= text.size()) {
+      const size_t comma = std::min(text.find(',', start), text.size());
+      const std::string item = text.substr(start, comma - start);
+      int64_t v = -1;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+      if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0)
+        s.fail("text-encoder-layers", str_cat("must be comma-separated layer indices >= 0 (e.g. 9,18,27), got '", text, "'"));
+      c.text_encoder_layers.push_back(v);
+      start = comma + 1;
+    }
+  }
   c.partition = s.text("partition");
   if (s.has("partition") && c.partition.empty()) s.fail("partition", "must not be empty (e.g. 0:0-8,1:9-56)");
   c.max_memory = s.text("max-memory");

@@ -1,6 +1,7 @@
 #include "app/prepare.h"
 
 #include "app/defaults.h"
+#include "app/flux2_prepare.h"
 #include "app/model_sources.h"
 #include "app/options.h"
 #include "core/log.h"
@@ -54,8 +55,6 @@ void fill_from_checkpoint(RunConfig& c, const ckpt::CheckpointReader& r) {
   if (!c.was_given("warmup-steps")) c.warmup_steps = a.warmup_steps;
 }
 
-namespace {
-
 ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, const flux::LatentGeometry& g) {
   ckpt::ImageAttributes a;
   a.prompt = job.prompt;
@@ -77,9 +76,8 @@ ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& c, con
   return a;
 }
 
-// The job of a resumed run whose command line gives no prompts: the checkpoint's prompts; every
-// other option comes from the command line or, when omitted, from the checkpoint (filled in by
-// fill_from_checkpoint), so that check_matches compares what the user asked for.
+// The options omitted come from the checkpoint (filled in by fill_from_checkpoint), so that
+// check_matches compares what the user asked for.
 std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& r, const RunConfig& c) {
   std::vector<ImageJob> out;
   for (int64_t i = 0; i < r.num_images(); ++i) {
@@ -103,7 +101,6 @@ std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& r, cons
   return out;
 }
 
-// Consecutive images that start at the same step, up to `microbatch` per group.
 std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& progress, int64_t steps,
                                              int64_t microbatch) {
   std::vector<pipeline::WorkGroup> groups;
@@ -121,6 +118,8 @@ std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& p
   }
   return groups;
 }
+
+namespace {
 
 // --dry-run: every component's weight headers against its config, as a real run checks them
 // before (VAE, transformer architecture) or while (text encoders, each rank's slice) it loads
@@ -191,6 +190,10 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   if (!c.dry_run && resolve_seed(c)) log::info("no --seed given: using seed ", *c.seed, " (pass --seed ", *c.seed, " to repeat)");
 
   run.model.emplace(model_sources_of(c));
+  if (run.model->family() == io::ModelFamily::Flux2) {
+    run.resumed = checkpoint.has_value();
+    return prepare_flux2_run(std::move(run), checkpoint ? &*checkpoint : nullptr, world_size);
+  }
   const io::ModelDir& dir = *run.model;
   run.inputs = resolve_image_mode(c, dir);
   resolve_defaults(c, dir);

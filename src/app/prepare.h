@@ -60,6 +60,14 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size);
 /// sizes, steps, guidance, sequence length, seed, prompts, dtype, true CFG).
 void fill_from_checkpoint(RunConfig& config, const ckpt::CheckpointReader& checkpoint);
 
+/// The checkpoint attributes of one image of the job (vae_tiling set once the plan is known).
+ckpt::ImageAttributes attributes_of(const ImageJob& job, const RunConfig& config, const flux::LatentGeometry& geometry);
+/// The job of a resumed run whose command line gives no prompts: the checkpoint's prompts, every
+/// other option from the command line or (when omitted) from the checkpoint.
+std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& checkpoint, const RunConfig& config);
+/// Consecutive images that start at the same step, up to `microbatch` per group.
+std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& progress, int64_t steps, int64_t microbatch);
+
 /// Whether the row of `step` is kept with --checkpoint-every `every` (steps every-1, 2*every-1,
 /// ..., and always the last).
 bool keep_row(int64_t step, int64_t steps, int64_t every);

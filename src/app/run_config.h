@@ -58,7 +58,9 @@ struct RunConfig {
   std::optional<int64_t> width;
   std::optional<int64_t> steps;                ///< num_inference_steps
   std::optional<double> guidance;              ///< guidance_scale (dev); 0 after resolving for schnell
-  std::optional<int64_t> max_sequence_length;  ///< T5 tokens, 1..512
+  std::optional<int64_t> max_sequence_length;  ///< T5 tokens, 1..512 (FLUX.2: the text encoder's)
+  /// FLUX.2: --text-encoder-layers (diffusers' text_encoder_out_layers); empty: the model's default.
+  std::vector<int64_t> text_encoder_layers;
 
   // Image inputs (docs/images.md): absolute paths, empty when not given.
   std::string image, mask, control_image;

@@ -22,6 +22,9 @@ std::string to_json(const RunPlan& p) {
   j["latent"] = {p.latent_height, p.latent_width};
   j["reference"] = {p.reference_height, p.reference_width};
   j["passes"] = p.passes;
+  j["family"] = p.family;
+  j["guidance"] = p.guidance ? nlohmann::json(*p.guidance) : nlohmann::json();
+  j["text_encoder_layers"] = p.text_encoder_layers;
   j["patches"] = {p.patches, p.warmup_steps};
   j["groups"] = nlohmann::json::array();
   for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
@@ -52,6 +55,9 @@ RunPlan run_plan_from_json(const std::string& text) {
     p.reference_height = j.at("reference").at(0).get<int64_t>();
     p.reference_width = j.at("reference").at(1).get<int64_t>();
     p.passes = j.at("passes").get<int>();
+    p.family = j.at("family").get<std::string>();
+    if (!j.at("guidance").is_null()) p.guidance = j.at("guidance").get<double>();
+    p.text_encoder_layers = j.at("text_encoder_layers").get<std::vector<int64_t>>();
     p.patches = j.at("patches").at(0).get<int64_t>();
     p.warmup_steps = j.at("patches").at(1).get<int64_t>();
     for (const auto& g : j.at("groups"))

@@ -3,6 +3,7 @@
 /// ranks as JSON, so the other ranks never parse the command line themselves.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct RunPlan {
   int64_t latent_height = 0, latent_width = 0;
   int64_t reference_height = 0, reference_width = 0;  ///< Kontext: the reference image's latent size (0: none)
   int passes = 1;
+  std::string family = "flux1";  ///< "flux1" | "flux2": which model family's stages the ranks run
+  /// FLUX.2 only: the guidance embedder's scale (dev; absent for klein), the text encoder's layers.
+  std::optional<double> guidance;
+  std::vector<int64_t> text_encoder_layers;
   int64_t patches = 1;
   int64_t warmup_steps = 1;
   std::vector<pipeline::WorkGroup> groups;

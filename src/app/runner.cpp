@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "app/flux2_stages.h"
 #include "app/image_stage.h"
 #include "app/prepare.h"
 #include "ckpt/checkpoint_writer.h"
@@ -75,10 +76,36 @@ struct RootRun {
   std::vector<StageTime> times;
 };
 
+// FLUX.2's stage 1: one decoder-only encoder; klein base's true CFG encodes the empty prompt.
+void encode_flux2_prompts(RootRun& root, at::Device device) {
+  PreparedRun& run = root.prepared;
+  auto t0 = Clock::now();
+  Flux2TextStage encoder(*run.model, run.plan.text_encoder_layers, root.dtype, device);
+  const int64_t msl = *run.config.max_sequence_length;
+  std::map<std::string, pipeline::PromptEmbedding> cache;
+  auto embed = [&](const std::string& p, const std::string& what) {
+    auto it = cache.find(p);
+    if (it == cache.end()) it = cache.emplace(p, encoder.encode(p, msl, what)).first;
+    return it->second;
+  };
+  root.text.resize(run.images.size());
+  root.negative.resize(run.images.size());
+  const bool cfg = run.plan.passes == 2;
+  for (size_t i = 0; i < run.images.size(); ++i) {
+    if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
+    root.text[i] = embed(run.images[i].prompt, str_cat("image ", i));
+    if (cfg) root.negative[i] = embed("", str_cat("image ", i, " (the empty negative prompt)"));
+  }
+  log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_text(seconds_since(t0)), " (text encoder: ",
+            format_bytes(static_cast<uint64_t>(encoder.parameter_bytes())), ")");
+  root.times.push_back({"encode", seconds_since(t0), stage_peak()});
+}
+
 // Stage 1 on rank 0: each distinct prompt once, with the encoders freed afterwards.
 void encode_prompts(RootRun& root, at::Device device) {
   PreparedRun& run = root.prepared;
   if (!run.any_encoding()) return;
+  if (run.plan.family == "flux2") return encode_flux2_prompts(root, device);
   auto t0 = Clock::now();
   pipeline::TextEncoders encoders(*run.model, root.dtype, device, run.loras.files);
   const int64_t msl = *run.config.max_sequence_length;
@@ -107,6 +134,16 @@ void encode_prompts(RootRun& root, at::Device device) {
 ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pipeline::PromptEmbedding* neg) {
   ckpt::TextEmbeddings t;
   t.prompt_embeds = e.prompt_embeds;
+  if (e.input_ids.defined()) {  // FLUX.2
+    t.input_ids = e.input_ids;
+    t.attention_mask = e.attention_mask;
+    if (neg != nullptr) {
+      t.negative_prompt_embeds = neg->prompt_embeds;
+      t.negative_input_ids = neg->input_ids;
+      t.negative_attention_mask = neg->attention_mask;
+    }
+    return t;
+  }
   t.pooled_prompt_embeds = e.pooled;
   t.clip_input_ids = e.clip_ids;
   t.t5_input_ids = e.t5_ids;
@@ -149,7 +186,6 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
   const ckpt::ImageAttributes& a = run.attributes[i];
   std::vector<std::pair<std::string, std::string>> t = {
       {"prompt", a.prompt},
-      {"prompt_2", a.prompt_2},
       {"seed", std::to_string(a.seed)},
       {"steps", std::to_string(a.num_inference_steps)},
       {"guidance", str_cat(a.guidance_scale)},
@@ -158,6 +194,7 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
       {"dtype", a.dtype},
       {"software", str_cat("fluxmpi ", kVersion)},
   };
+  if (a.family == "flux1") t.insert(t.begin() + 1, {"prompt_2", a.prompt_2});
   if (!a.loras.empty()) t.push_back({"loras", io::loras_to_json(a.loras)});
   if (a.pipeline != "text2img") {
     t.push_back({"pipeline", a.pipeline});
@@ -230,7 +267,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
   // Phase 2: encode (rank 0), load every slice; then agree on the outcome.
   const at::ScalarType dtype = nn::parse_dtype(plan.dtype);
   at::Device device = at::kCPU;
-  flux::FluxTransformer part{nullptr};
+  std::shared_ptr<flux::StageModel> part;  // this rank's blocks, FLUX.1 or FLUX.2
   std::optional<parallel::StagePlan> stages;
   pipeline::Fault fault;
   code = kExitOk;
@@ -250,25 +287,36 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     }
     t_load = Clock::now();
     io::ModelDir dir(plan.sources);
+    const bool flux2 = plan.family == "flux2";
     parallel::PlanRequest request;
-    request.transformer = dir.transformer_config();
+    if (flux2) {
+      request.transformer = io::transformer_shape(dir.flux2_transformer_config());
+      request.family = parallel::flux2_family_costs(dir.flux2_transformer_config());
+    } else {
+      request.transformer = dir.transformer_config();
+    }
     request.world_size = P;
     request.partition = plan.ranges;
     stages.emplace(parallel::StagePlan::make(request));
     const parallel::StageBlocks& b = stages->blocks(rank);
-    flux::TransformerPart tp{b.first, b.last + 1, stages->owns_embedders(rank), stages->owns_final_layer(rank)};
     nn::LoadStats stats;
-    // Every rank opens the LoRAs itself and merges only the updates of the modules it loads.
-    const LoraFiles loras = open_lora_files(plan.loras);
-    auto applied = std::make_shared<std::vector<int64_t>>();
-    nn::WeightAdjust merge;
-    if (!loras.empty()) merge = flux::flux_lora_set(loras, dir.transformer_config()).adjust(applied);
-    part = flux::load_flux_transformer(dir, tp, dtype, device, &stats, merge);
+    if (flux2) {
+      part = load_flux2_stage(dir, b.first, b.last + 1, stages->owns_embedders(rank), stages->owns_final_layer(rank), dtype,
+                              device, &stats);
+    } else {
+      flux::TransformerPart tp{b.first, b.last + 1, stages->owns_embedders(rank), stages->owns_final_layer(rank)};
+      // Every rank opens the LoRAs itself and merges only the updates of the modules it loads.
+      const LoraFiles loras = open_lora_files(plan.loras);
+      auto applied = std::make_shared<std::vector<int64_t>>();
+      nn::WeightAdjust merge;
+      if (!loras.empty()) merge = flux::flux_lora_set(loras, dir.transformer_config()).adjust(applied);
+      part = flux::load_flux_transformer(dir, tp, dtype, device, &stats, merge).ptr();
+      for (size_t f = 0; f < loras.size(); ++f)
+        log::debug("LoRA ", io::lora_spec_text(loras[f]->spec()), ": merged into ", (*applied)[f], " weights of blocks ",
+                   b.describe());
+    }
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
                seconds_text(seconds_since(t_load)));
-    for (size_t f = 0; f < loras.size(); ++f)
-      log::debug("LoRA ", io::lora_spec_text(loras[f]->spec()), ": merged into ", (*applied)[f], " weights of blocks ",
-                 b.describe());
   } catch (const std::exception& e) {
     code = report(e);
   }
@@ -315,7 +363,9 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     // The full schedule of --steps (its shift from the whole image): an image with a strength
     // starts at its t_start; its checkpoint holds the cut schedule and the rows from there.
     const JobInputs& inputs = run.inputs;
-    const sched::Schedule schedule = sched::flux_schedule(run.model->scheduler_config(), *c.steps, run.geometry.tokens());
+    const bool flux2 = plan.family == "flux2";
+    const sched::Schedule schedule = flux2 ? flux2_run_schedule(*run.model, *c.steps, run.geometry.tokens())
+                                           : sched::flux_schedule(run.model->scheduler_config(), *c.steps, run.geometry.tokens());
     const size_t n = run.images.size();
     std::vector<at::Tensor> latents(n), text(n), pooled(n), neg_text(n), neg_pooled(n);
     std::vector<pipeline::Conditioning> cond(n);  // features and inpaint tensors per image
@@ -324,8 +374,9 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       if (p.decoded) continue;
       if (p.needs_encoding) {
         if (!root->conditioning.empty()) cond[i] = root->conditioning[i].conditioning;
-        latents[i] = cond[i].initial.defined() ? cond[i].initial
-                                               : pipeline::initial_latents(run.images[i].seed, run.geometry, dtype);
+        if (flux2) latents[i] = flux2_initial_latents(run.images[i].seed, run.geometry, dtype);
+        else latents[i] = cond[i].initial.defined() ? cond[i].initial
+                                                    : pipeline::initial_latents(run.images[i].seed, run.geometry, dtype);
         text[i] = root->text[i].prompt_embeds;
         pooled[i] = root->text[i].pooled;
         if (plan.passes == 2) {
@@ -347,10 +398,10 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
         latents[i] = r.latest_latents(static_cast<int64_t>(i)).to(dtype).unsqueeze(0);
         cond[i] = stored_conditioning(r, static_cast<int64_t>(i), inputs.mode, dtype);
         text[i] = stored.prompt_embeds.to(dtype);
-        pooled[i] = stored.pooled_prompt_embeds.to(dtype);
+        if (!flux2) pooled[i] = stored.pooled_prompt_embeds.to(dtype);  // FLUX.2 has no pooled input
         if (plan.passes == 2) {
           neg_text[i] = stored.negative_prompt_embeds.to(dtype);
-          neg_pooled[i] = stored.negative_pooled_prompt_embeds.to(dtype);
+          if (!flux2) neg_pooled[i] = stored.negative_pooled_prompt_embeds.to(dtype);
         }
       }
     }
@@ -360,8 +411,13 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
 
     pipeline::RootState state;
     state.schedule = schedule;
-    if (run.model->transformer_config().guidance_embeds) state.guidance = *c.guidance;
-    state.true_cfg_scale = c.true_cfg;
+    if (flux2) {
+      state.guidance = plan.guidance;  // dev's guidance embedder; klein: none
+      state.true_cfg_scale = *c.guidance;  // klein base: uncond + g (cond - uncond), as FLUX.1's true CFG
+    } else {
+      if (run.model->transformer_config().guidance_embeds) state.guidance = *c.guidance;
+      state.true_cfg_scale = c.true_cfg;
+    }
     int64_t total = 0;
     std::vector<pipeline::Conditioning> blends;  // inpaint: per group, [m, L, 4C] on the device
     for (const auto& g : plan.groups) {
@@ -433,18 +489,24 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     // --vae-slicing, in tiles with --vae-tiling or when the plan switched tiling on).
     auto t_decode = Clock::now();
     std::optional<vae::VaeDecoder> decoder;
+    std::optional<Flux2Decoder> flux2_decoder;
     vae::DecodeOptions decode_options;
     decode_options.tiling = run.stages->vae_tiling();
     decode_options.slicing = c.vae_slicing;
     std::vector<size_t> batch;
     auto decode_batch = [&]() {
       if (batch.empty()) return;
-      if (!decoder) decoder.emplace(vae::load_vae_decoder(*run.model, dtype, device));
       c10::InferenceMode guard;
       std::vector<at::Tensor> packed;
       for (size_t i : batch) packed.push_back(latents[i].to(device));
-      std::vector<io::RgbImage> images =
-          vae::decode_images(*decoder, at::cat(packed, 0), run.geometry, run.model->vae_config(), decode_options);
+      std::vector<io::RgbImage> images;
+      if (flux2) {
+        if (!flux2_decoder) flux2_decoder.emplace(*run.model, dtype, device);
+        images = flux2_decoder->decode(at::cat(packed, 0), run.geometry, decode_options);
+      } else {
+        if (!decoder) decoder.emplace(vae::load_vae_decoder(*run.model, dtype, device));
+        images = vae::decode_images(*decoder, at::cat(packed, 0), run.geometry, run.model->vae_config(), decode_options);
+      }
       for (size_t k = 0; k < batch.size(); ++k) {
         const size_t i = batch[k];
         io::write_png(run.images[i].output_path, images[k], png_text(run, i));
@@ -462,7 +524,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       if (static_cast<int64_t>(batch.size()) == c.microbatch) decode_batch();
     }
     decode_batch();
-    if (decoder) root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});
+    if (decoder || flux2_decoder) root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});
     if (writer) writer->close();
     print_summary(*root, seconds_since(start));
     return kExitOk;

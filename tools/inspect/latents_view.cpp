@@ -1,10 +1,14 @@
 #include "latents_view.h"
 
+#include <c10/core/InferenceMode.h>
+
 #include <algorithm>
 
 #include "core/error.h"
 #include "io/model_dir.h"
 #include "models/flux/latents.h"
+#include "models/flux2/latents.h"
+#include "models/flux2/vae.h"
 #include "models/vae/image_processor.h"
 #include "models/vae/vae_decoder.h"
 
@@ -90,6 +94,18 @@ io::RgbImage latent_preview(const at::Tensor& packed, const ckpt::ImageShape& sh
 
 io::RgbImage decode_latents(const at::Tensor& packed, const ckpt::ImageShape& shape, const io::ModelSources& sources) {
   io::ModelDir model(sources);
+  if (model.family() == io::ModelFamily::Flux2) {
+    // AutoencoderKLFlux2: unpack by position ids, de-normalise with its BatchNorm statistics.
+    if (!shape.flux2)
+      throw UsageError(str_cat("--decode: ", model.root(), " is a FLUX.2 pipeline, the checkpoint holds FLUX.1 latents"));
+    const flux2::Vae vae = flux2::load_vae(model.source(io::Component::Vae).path, at::kFloat, at::kCPU);
+    const flux::LatentGeometry g =
+        flux::latent_geometry(shape.height, shape.width, vae.config().scale_factor(), vae.config().decoder.latent_channels);
+    c10::InferenceMode guard;
+    return vae.decode_images(packed.to(at::kFloat).unsqueeze(0), flux2::latent_ids(g)).front();
+  }
+  if (shape.flux2)
+    throw UsageError(str_cat("--decode: ", model.root(), " is a FLUX.1 pipeline, the checkpoint holds FLUX.2 latents"));
   const io::VaeConfig& vc = model.vae_config();
   flux::LatentGeometry g = flux::latent_geometry(shape.height, shape.width, vc.scale_factor(), vc.latent_channels);
   if (g.latent_height != shape.latent_height || g.latent_width != shape.latent_width ||

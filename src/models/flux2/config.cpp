@@ -8,7 +8,7 @@ namespace fluxmpi::flux2 {
 
 TransformerConfig read_transformer_config(const std::string& transformer_dir) {
   const std::string path = (std::filesystem::path(transformer_dir) / "config.json").string();
-  return parse_transformer_config(
+  return io::parse_flux2_transformer_config(
       io::ConfigReader::from_file(path, str_cat("transformer folder '", transformer_dir, "': config.json")));
 }
 

@@ -12,10 +12,7 @@ namespace fluxmpi::flux2 {
 using TransformerConfig = io::Flux2TransformerConfig;
 inline constexpr const char* kTransformerClass = io::kFlux2TransformerClass;
 
-/// Parses and checks the config (ConfigError "<label>: '<key>' <problem>", one line).
-inline TransformerConfig parse_transformer_config(const io::ConfigReader& reader) {
-  return io::parse_flux2_transformer_config(reader);
-}
+/// Parsing: io::parse_flux2_transformer_config (ConfigError "<label>: '<key>' <problem>", one line).
 /// Reads `<transformer_dir>/config.json`; errors are labelled "transformer folder '<dir>': config.json".
 TransformerConfig read_transformer_config(const std::string& transformer_dir);
 

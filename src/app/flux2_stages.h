@@ -1,0 +1,67 @@
+#pragma once
+/// The FLUX.2 family's stages as the runner calls them (app/runner.cpp): the text stage (the
+/// tokenizer's chat template and the decoder-only encoder, built up to the last layer used), the
+/// transformer part a rank holds, the initial noise, the schedule and the decode. The step loop,
+/// the messages, the planner and the checkpoint are the ones FLUX.1 uses.
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_dir.h"
+#include "io/png.h"
+#include "models/common/loader.h"
+#include "models/flux/latents.h"
+#include "models/flux/stage_model.h"
+#include "models/vae/vae_decoder.h"
+#include "pipeline/text_stage.h"
+#include "sched/flow_match_euler.h"
+
+namespace fluxmpi::app {
+
+/// Rank 0's text stage: Flux2Tokenizer + TextDecoder of the layers `layers` needs.
+class Flux2TextStage {
+ public:
+  Flux2TextStage(const io::ModelDir& dir, const std::vector<int64_t>& layers, at::ScalarType dtype, at::Device device);
+  ~Flux2TextStage();
+  Flux2TextStage(Flux2TextStage&&) noexcept;
+
+  /// One prompt -> prompt_embeds [S, layers x H] (run dtype), input_ids and attention_mask [S]
+  /// (int64). `what` names the prompt in the truncation warning.
+  pipeline::PromptEmbedding encode(const std::string& prompt, int64_t max_length, const std::string& what) const;
+  int64_t parameter_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The blocks [first, end) of the FLUX.2 transformer (with the embedders and global modulation on
+/// the first rank, the final layer on the last), loaded from the folder's transformer/.
+std::shared_ptr<flux::StageModel> load_flux2_stage(const io::ModelDir& dir, int64_t first, int64_t end, bool embedders,
+                                                   bool final_layer, at::ScalarType dtype, at::Device device,
+                                                   nn::LoadStats* stats);
+
+/// [1, L, 4C] packed initial noise of one image (its own CPU generator seeded `seed`), on the CPU.
+at::Tensor flux2_initial_latents(int64_t seed, const flux::LatentGeometry& geometry, at::ScalarType dtype);
+
+/// The schedule: sigmas linspace(1, 1/N, N) shifted by compute_empirical_mu(L, N).
+sched::Schedule flux2_run_schedule(const io::ModelDir& dir, int64_t steps, int64_t image_tokens);
+
+/// Rank 0's decoder: AutoencoderKLFlux2's decode path.
+class Flux2Decoder {
+ public:
+  Flux2Decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
+  ~Flux2Decoder();
+  /// packed latents [n, L, 4C] -> n 8-bit RGB images.
+  std::vector<io::RgbImage> decode(const at::Tensor& packed, const flux::LatentGeometry& geometry,
+                                   const vae::DecodeOptions& options) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fluxmpi::app
