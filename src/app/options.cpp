@@ -86,9 +86,11 @@ const Spec kSpecs[] = {
     {"height", 0, Group::Sampling, Kind::Integer, "PIXELS", nullptr,
      "image height (default 1024), floored to a multiple of 2 x VAE scale factor (16)", false},
     {"width", 0, Group::Sampling, Kind::Integer, "PIXELS", nullptr, "image width (default 1024), floored likewise", false},
-    {"steps", 0, Group::Sampling, Kind::Integer, "N", nullptr, "denoising steps (default: 28 for dev, 4 for schnell)", false},
+    {"steps", 0, Group::Sampling, Kind::Integer, "N", nullptr,
+     "denoising steps (default: 28 for dev, 4 for schnell; FLUX.2: 4 klein, 50 klein base and dev)", false},
     {"guidance", 0, Group::Sampling, Kind::Number, "SCALE", nullptr,
-     "guidance scale of dev (default 3.5); schnell has no guidance and ignores it", false},
+     "guidance scale of dev (default 3.5); schnell has no guidance and ignores it; FLUX.2: diffusers' guidance_scale "
+     "(default 4; klein ignores it, klein base runs true CFG when > 1)", false},
     {"max-sequence-length", 0, Group::Sampling, Kind::Integer, "N", nullptr,
      "T5 tokens, 1..512 (default: 512 for dev, 256 for schnell; FLUX.2: text-encoder tokens, default 512)", false},
     {"text-encoder-layers", 0, Group::Sampling, Kind::Text, "A,B,C", nullptr,
