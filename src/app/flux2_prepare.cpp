@@ -167,8 +167,8 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
   const bool encodes = c.dry_run || run.any_encoding();
   check_flux2_weights(dir, shapes, c.text_encoder_layers, encodes, c.dry_run);
 
-  const at::ScalarType dtype = nn::parse_dtype(c.dtype);
-  parallel::PlanRequest request;
+  parallel::PlanRequest request = common_plan_request(run, world_size, cfg ? 2 : 1, run.geometry.tokens(),
+                                                     shapes.transformer.inner_dim(), shapes.transformer.num_blocks());
   request.transformer = io::transformer_shape(shapes.transformer);
   request.family = parallel::flux2_family_costs(shapes.transformer);
   if (encodes) {
@@ -179,30 +179,6 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
     request.llm = llm;
   }
   request.vae = shapes.vae;
-  request.world_size = world_size;
-  request.dtype_bytes = static_cast<int64_t>(c10::elementSize(dtype));
-  request.dtype_label = c.dtype;
-  request.balance = parallel::parse_balance(c.balance);
-  request.max_memory = parallel::parse_max_memory(c.max_memory, world_size);
-  if (!c.partition.empty())
-    request.partition = parallel::parse_partition(c.partition, world_size, shapes.transformer.num_blocks());
-  request.image_tokens = run.geometry.tokens();
-  request.text_tokens = *c.max_sequence_length;
-  request.microbatch = c.microbatch;
-  request.keep_encoders = c.keep_encoders;
-  request.attention_chunk_bytes = nn::kAttentionChunkBytes;
-  const int64_t images = c.dry_run ? std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images
-                                   : static_cast<int64_t>(run.images.size());
-  request.images = std::max<int64_t>(1, images);
-  request.passes = cfg ? 2 : 1;
-  request.latent_height = run.geometry.latent_height;
-  request.latent_width = run.geometry.latent_width;
-  request.vae_tiling = c.vae_tiling;
-  request.vae_slicing = c.vae_slicing;
-  if (c.patches > 1 && c.warmup_steps < *c.steps)
-    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) *
-                                                         shapes.transformer.inner_dim() * request.dtype_bytes *
-                                                         request.passes * request.images);
   run.stages.emplace(parallel::StagePlan::make(request));
   if (run.stages->vae_tiling_auto())
     log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
@@ -216,24 +192,10 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
   }
 
   RunPlan& plan = run.plan;
-  plan.model = c.model;
-  plan.sources = dir.sources();
-  plan.dtype = c.dtype;
-  plan.device = c.device;
-  plan.threads = c.threads;
-  plan.log_level = static_cast<int>(c.log_level);
-  plan.steps = *c.steps;
-  plan.text_tokens = *c.max_sequence_length;
-  plan.latent_height = run.geometry.latent_height;
-  plan.latent_width = run.geometry.latent_width;
-  plan.passes = cfg ? 2 : 1;
+  plan = common_run_plan(run, world_size, cfg ? 2 : 1);
   plan.family = "flux2";
   if (kind == io::Flux2Kind::Dev) plan.guidance = *c.guidance;
   plan.text_encoder_layers = c.text_encoder_layers;
-  plan.patches = c.patches;
-  plan.warmup_steps = c.warmup_steps;
-  plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
-  for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
   out.run = std::move(run);
   return out;
 }

@@ -159,6 +159,61 @@ std::string job_text(const RunConfig& c, const io::ModelDir& dir, const flux::La
 
 }  // namespace
 
+parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
+                                          int64_t inner_dim, int64_t num_blocks) {
+  const RunConfig& c = run.config;
+  parallel::PlanRequest request;
+  request.world_size = world_size;
+  request.dtype_bytes = static_cast<int64_t>(c10::elementSize(nn::parse_dtype(c.dtype)));
+  request.dtype_label = c.dtype;
+  request.balance = parallel::parse_balance(c.balance);
+  request.max_memory = parallel::parse_max_memory(c.max_memory, world_size);
+  if (!c.partition.empty()) request.partition = parallel::parse_partition(c.partition, world_size, num_blocks);
+  request.image_tokens = image_tokens;
+  request.text_tokens = *c.max_sequence_length;
+  request.microbatch = c.microbatch;
+  request.keep_encoders = c.keep_encoders;
+  request.attention_chunk_bytes = nn::kAttentionChunkBytes;
+  // The images whose buffers rank 0 holds; a dry run counts the job it was given (1 prompt when none).
+  const int64_t job = std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images;
+  request.images = std::max<int64_t>(1, c.dry_run ? job : static_cast<int64_t>(run.images.size()));
+  request.passes = passes;
+  request.latent_height = run.geometry.latent_height;
+  request.latent_width = run.geometry.latent_width;
+  request.vae_tiling = c.vae_tiling;
+  request.vae_slicing = c.vae_slicing;
+  if (c.patches > 1 && c.warmup_steps < *c.steps) {
+    // Every image still to denoise keeps its buffers from its warm-up to its last step, and all
+    // of them are in flight together; a dry run counts the job its options describe.
+    int64_t images = c.dry_run ? job : 0;
+    for (const ImageProgress& p : run.progress) images += !p.decoded && p.start_step < *c.steps ? 1 : 0;
+    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) * inner_dim *
+                                                         request.dtype_bytes * passes * images);
+  }
+  return request;
+}
+
+RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
+  const RunConfig& c = run.config;
+  RunPlan plan;
+  plan.model = c.model;
+  plan.sources = run.model->sources();
+  plan.dtype = c.dtype;
+  plan.device = c.device;
+  plan.threads = c.threads;
+  plan.log_level = static_cast<int>(c.log_level);
+  plan.steps = *c.steps;  // the full schedule: images with a strength start at their t_start
+  plan.text_tokens = *c.max_sequence_length;
+  plan.latent_height = run.geometry.latent_height;
+  plan.latent_width = run.geometry.latent_width;
+  plan.passes = passes;
+  plan.patches = c.patches;
+  plan.warmup_steps = c.warmup_steps;
+  plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
+  for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
+  return plan;
+}
+
 Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   Preparation out;
   ParseResult parsed = parse_options(args);
@@ -274,43 +329,15 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) vae::check_vae_encoder_weights(dir);
   run.loras = check_loras(c.loras, dir, /*with_text=*/c.dry_run || run.any_encoding());
 
-  parallel::PlanRequest request;
+  parallel::PlanRequest request = common_plan_request(run, world_size, c.true_cfg_enabled() ? 2 : 1,
+                                                     run.geometry.tokens() + reference_tokens,  // Kontext: + the reference
+                                                     tc.inner_dim(), tc.num_blocks());
   request.transformer = tc;
   if (c.dry_run || run.any_encoding()) {
     request.clip = dir.clip_config();
     request.t5 = dir.t5_config();
   }
   request.vae = dir.vae_config();
-  request.world_size = world_size;
-  request.dtype_bytes = static_cast<int64_t>(c10::elementSize(dtype));
-  request.dtype_label = c.dtype;
-  request.balance = parallel::parse_balance(c.balance);
-  request.max_memory = parallel::parse_max_memory(c.max_memory, world_size);
-  if (!c.partition.empty()) request.partition = parallel::parse_partition(c.partition, world_size, tc.num_blocks());
-  request.image_tokens = run.geometry.tokens() + reference_tokens;  // Kontext: the reference travels with them
-  request.text_tokens = *c.max_sequence_length;
-  request.microbatch = c.microbatch;
-  request.keep_encoders = c.keep_encoders;
-  request.attention_chunk_bytes = nn::kAttentionChunkBytes;
-  // The images whose buffers rank 0 holds; a dry run counts the job it was given (1 prompt when none).
-  const int64_t images = c.dry_run ? std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images
-                                   : static_cast<int64_t>(run.images.size());
-  request.images = std::max<int64_t>(1, images);
-  request.passes = c.true_cfg_enabled() ? 2 : 1;
-  request.latent_height = run.geometry.latent_height;
-  request.latent_width = run.geometry.latent_width;
-  request.vae_tiling = c.vae_tiling;
-  request.vae_slicing = c.vae_slicing;
-  if (c.patches > 1 && c.warmup_steps < *c.steps) {
-    // Every image still to denoise keeps its buffers from its warm-up to its last step, and all
-    // of them are in flight together; a dry run counts the job its options describe.
-    int64_t images = 0;
-    if (c.dry_run) images = std::max<int64_t>(1, static_cast<int64_t>(c.prompts.size())) * c.num_images;
-    for (const ImageProgress& p : run.progress) images += !p.decoded && p.start_step < *c.steps ? 1 : 0;
-    const int64_t passes = c.true_cfg_enabled() ? 2 : 1;
-    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) *
-                                                         tc.inner_dim() * request.dtype_bytes * passes * images);
-  }
   std::optional<parallel::EncodeStage> encode_stage;
   if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) {
     // Rank 0's encode stage: one input at a time, at the size it is encoded at.
@@ -341,24 +368,10 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   }
 
   RunPlan& plan = run.plan;
-  plan.model = c.model;
-  plan.sources = dir.sources();
-  plan.dtype = c.dtype;
-  plan.device = c.device;
-  plan.threads = c.threads;
-  plan.log_level = static_cast<int>(c.log_level);
-  plan.steps = *c.steps;  // the full schedule: images with a strength start at their t_start
-  plan.text_tokens = *c.max_sequence_length;
-  plan.latent_height = run.geometry.latent_height;
-  plan.latent_width = run.geometry.latent_width;
+  plan = common_run_plan(run, world_size, c.true_cfg_enabled() ? 2 : 1);
   plan.reference_height = run.inputs.condition.height / vae_scale;
   plan.reference_width = run.inputs.condition.width / vae_scale;
-  plan.passes = c.true_cfg_enabled() ? 2 : 1;
-  plan.patches = c.patches;
-  plan.warmup_steps = c.warmup_steps;
-  plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
   plan.loras = c.loras;
-  for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
   out.run = std::move(run);
   return out;
 }

@@ -68,6 +68,14 @@ std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& checkpo
 /// Consecutive images that start at the same step, up to `microbatch` per group.
 std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& progress, int64_t steps, int64_t microbatch);
 
+/// What the planner is asked for any model family: the run's options, job, geometry and progress
+/// (the family adds its transformer, encoders and VAE). `image_tokens` per image (Kontext: + the
+/// reference tokens).
+parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
+                                          int64_t inner_dim, int64_t num_blocks);
+/// The run plan's fields every family has; needs run.stages.
+RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes);
+
 /// Whether the row of `step` is kept with --checkpoint-every `every` (steps every-1, 2*every-1,
 /// ..., and always the last).
 bool keep_row(int64_t step, int64_t steps, int64_t every);

@@ -71,6 +71,22 @@ TEST_F(Flux2Jobs, KleinBaseTrueCfgIsTheSameOnEveryRankCount) {
   EXPECT_EQ(r.text(0).negative_prompt_embeds.size(0), 64);
 }
 
+// Patch pipelining and micro-batches run FLUX.2 as they run FLUX.1: patches give the same bits on
+// every rank count (the patch order alone decides which keys are fresh); --microbatch 2 batches
+// the two images' calls and stays within kTolFp32 of one at a time.
+TEST_F(Flux2Jobs, DevPatchesAndMicrobatches) {
+  same_on_every_rank_count("patches", "tiny-flux2-dev", {"--patches", "2", "--warmup-steps", "1"});
+  ASSERT_EQ(run_fluxmpi(1, job("exact", "tiny-flux2-dev", "3")).exit_code, 0);
+  EXPECT_FALSE(all_latent_rows(path("patches1.h5")).equal(all_latent_rows(path("exact.h5"))))
+      << "the pipelined steps use the previous step's keys/values";
+  // A warm-up that covers every step is the exact run, bit for bit.
+  ASSERT_EQ(run_fluxmpi(2, job("warm", "tiny-flux2-dev", "3", {"--patches", "2", "--warmup-steps", "3"})).exit_code, 0);
+  EXPECT_TRUE(identical("--patches 2 --warmup-steps 3", all_latent_rows(path("warm.h5")), all_latent_rows(path("exact.h5"))));
+  JobResult mb = run_fluxmpi(2, job("mb", "tiny-flux2-dev", "3", {"--microbatch", "2"}));
+  ASSERT_EQ(mb.exit_code, 0) << mb.output;
+  EXPECT_TRUE(close_to("--microbatch 2: latents/steps", all_latent_rows(path("mb.h5")), all_latent_rows(path("exact.h5")), kTolFp32));
+}
+
 TEST_F(Flux2Jobs, DevKilledThenResumedBitIdentical) {
   JobResult ref = run_fluxmpi(2, job("dev-ref", "tiny-flux2-dev", "4"));
   ASSERT_EQ(ref.exit_code, 0) << ref.output;

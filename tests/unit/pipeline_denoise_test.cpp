@@ -12,6 +12,7 @@
 #include "parallel/partition.h"
 #include "models/common/init.h"
 #include "models/flux/latents.h"
+#include "models/flux/transformer.h"
 #include "pipeline/denoise.h"
 #include "sched/flow_match_euler.h"
 #include "support/step_loop.h"

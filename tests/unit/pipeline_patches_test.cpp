@@ -15,6 +15,7 @@
 #include "models/flux/attention.h"
 #include "models/flux/latents.h"
 #include "parallel/partition.h"
+#include "models/flux/transformer.h"
 #include "pipeline/denoise.h"
 #include "sched/flow_match_euler.h"
 #include "support/step_loop.h"
