@@ -45,7 +45,7 @@ std::optional<at::ScalarType> dtype_of_code(int64_t code) {
   }
 }
 
-bool known_kind(int64_t kind) { return kind >= 1 && kind <= 3; }
+bool known_kind(int64_t kind) { return kind >= 1 && kind <= 5; }
 
 bool mpi_is_cuda_aware() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -76,6 +76,8 @@ const char* message_kind_name(MessageKind kind) {
     case MessageKind::DoubleStreams: return "DoubleStreams";
     case MessageKind::JointStream: return "JointStream";
     case MessageKind::NoisePred: return "NoisePred";
+    case MessageKind::TextHidden: return "TextHidden";
+    case MessageKind::TextStates: return "TextStates";
   }
   return "UnknownKind";
 }

@@ -28,8 +28,14 @@ enum class MessageKind : int32_t {
   JointStream = 2,
   /// The last rank's output back to rank 0: the noise prediction [m, L_img, 4C].
   NoisePred = 3,
+  /// FLUX.2's text encoder split over ranks (pipeline/text_split.h), to the next slice: one
+  /// prompt's hidden states [B, S, H] and its attention mask [B, S] (fp32 0/1).
+  TextHidden = 4,
+  /// From a slice after the first back to rank 0: the requested hidden states it produced,
+  /// stacked [n, B, S, H] in ascending layer order.
+  TextStates = 5,
 };
-/// "DoubleStreams" | "JointStream" | "NoisePred"
+/// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates"
 const char* message_kind_name(MessageKind kind);
 
 /// Which image, step and pass a message belongs to.

@@ -18,8 +18,10 @@ using detail::affine_norm;
 using detail::conv;
 using detail::kMlpRatio;
 using detail::linear;
+using detail::llm_text_activation_bytes;
 using detail::parse_index;
 using detail::range_text;
+using detail::score_chunk_bytes;
 
 namespace {
 
@@ -35,15 +37,6 @@ std::string group_digits(int64_t n) {
 }
 
 uint64_t to_bytes(int64_t elements, int64_t dtype_bytes) { return static_cast<uint64_t>(elements * dtype_bytes); }
-
-// Bytes of the attention score chunk the math path holds: heads are split into chunks of at
-// most `chunk_limit` bytes, but one head's [Lq, Lk] scores are never split. No limit: all heads.
-uint64_t score_chunk_bytes(int64_t batch_heads, int64_t lq, int64_t lk, int64_t dtype_bytes, int64_t chunk_limit) {
-  const int64_t per_head = lq * lk * dtype_bytes;
-  if (chunk_limit <= 0) return static_cast<uint64_t>(batch_heads * per_head);
-  const int64_t heads_per_chunk = std::max<int64_t>(1, chunk_limit / std::max<int64_t>(per_head, 1));
-  return static_cast<uint64_t>(std::min(batch_heads, heads_per_chunk) * per_head);
-}
 
 // diffusers AutoencoderKL's tile geometry (tile_sample_min_size = sample_size, tile_latent_min_size
 // = int(sample_size / 2^(levels - 1)), tiles every int(tile_latent_min_size * (1 - overlap))).
@@ -197,17 +190,7 @@ class CostModel {
                                  c.num_heads * S * S * b) +
            kScoreTensors * score_chunk_bytes(c.num_heads, S, S, b, r_.attention_chunk_bytes);
     }
-    uint64_t llm = 0;
-    if (r_.llm) {
-      // One prompt at a time: the residual stream and the layer's tensors, the gated MLP's three
-      // [S, I] tensors, the scores of all heads, and the stacked hidden states kept.
-      const io::LlmShape& c = r_.llm->shape;
-      const int64_t S = r_.text_tokens;
-      const int64_t width = std::max(c.hidden_size, c.num_attention_heads * c.head_dim);
-      llm = static_cast<uint64_t>(kTextStreamTensors * S * width * b + 3 * S * c.intermediate_size * b +
-                                  3 * S * c.hidden_size * b) +
-            kScoreTensors * score_chunk_bytes(c.num_attention_heads, S, S, b, r_.attention_chunk_bytes);
-    }
+    const uint64_t llm = r_.llm ? llm_text_activation_bytes(r_.llm->shape, r_.text_tokens, b, r_.attention_chunk_bytes) : 0;
     return std::max({clip, t5, llm});
   }
 
