@@ -6,6 +6,7 @@
 #include "app/flux2_checks.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "parallel/text_split.h"
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
 
@@ -179,6 +180,17 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
     request.llm = llm;
   }
   request.vae = shapes.vae;
+  // The text encoder: on rank 0 when its budget holds it, else over the leading ranks for the
+  // encoding stage (parallel/text_split.h), each slice freed before the ranks load their blocks.
+  std::optional<parallel::TextSplitPlan> text_plan;
+  if (request.llm) {
+    parallel::PlanRequest blocks = request;
+    blocks.llm.reset();
+    const uint64_t job_bytes = parallel::StagePlan::make(blocks).estimate(0).job_bytes;
+    text_plan = parallel::plan_text_encoder(*request.llm, world_size, request.max_memory, request.dtype_bytes,
+                                            request.text_tokens, job_bytes, request.attention_chunk_bytes);
+    if (text_plan->split()) request.llm.reset();  // rank 0's encode stage is its slice, not the whole encoder
+  }
   run.stages.emplace(parallel::StagePlan::make(request));
   if (run.stages->vae_tiling_auto())
     log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
@@ -186,7 +198,8 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
   if (checkpoint) ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
 
   if (c.dry_run) {
-    out.output = job_text(c, dir, run.geometry, request.images, cfg, *run.stages) + run.stages->table();
+    out.output = job_text(c, dir, run.geometry, request.images, cfg, *run.stages) +
+                 (text_plan ? text_plan->table() + "\n" : std::string()) + run.stages->table();
     out.dry_run_plan = run.stages;
     return out;
   }
@@ -196,6 +209,8 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
   plan.family = "flux2";
   if (kind == io::Flux2Kind::Dev) plan.guidance = *c.guidance;
   plan.text_encoder_layers = c.text_encoder_layers;
+  if (text_plan && text_plan->split())
+    for (const parallel::TextSlice& t : text_plan->slices) plan.text_slices.push_back({t.first_layer, t.end_layer - 1});
   out.run = std::move(run);
   return out;
 }

@@ -2,13 +2,18 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "models/common/loader.h"
 #include "models/flux2/latents.h"
 #include "models/flux2/transformer.h"
 #include "models/flux2/vae.h"
+#include "models/llm/decoder_config.h"
 #include "models/llm/text_encoder.h"
+#include "pipeline/text_split.h"
 #include "sched/flux2_schedule.h"
 #include "text/flux2_prompts.h"
 
@@ -48,6 +53,77 @@ pipeline::PromptEmbedding Flux2TextStage::encode(const std::string& prompt, int6
 }
 
 int64_t Flux2TextStage::parameter_bytes() const { return nn::parameter_bytes(*impl_->decoder); }
+
+struct Flux2SplitTextStage::Impl {
+  parallel::TextSplitPlan plan;
+  llm::TextDecoder part{nullptr};
+  std::optional<text::Flux2Tokenizer> tokenizer;  // rank 0
+  std::vector<int64_t> layers;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+Flux2SplitTextStage::Flux2SplitTextStage(const io::ModelDir& dir, const std::vector<parallel::BlockRange>& slices,
+                                         const std::vector<int64_t>& layers, int rank, at::ScalarType dtype, at::Device device)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  const std::string te = dir.component_dir("text_encoder");
+  const llm::DecoderConfig config = llm::read_decoder_config(te);
+  m.layers = layers;
+  m.dtype = dtype;
+  m.device = device;
+  m.plan.layers = *std::max_element(layers.begin(), layers.end());
+  m.plan.final_norm = m.plan.layers == config.num_hidden_layers;
+  for (size_t r = 0; r < slices.size(); ++r) {
+    parallel::TextSlice t;
+    t.rank = static_cast<int>(r);
+    t.first_layer = slices[r].first;
+    t.end_layer = slices[r].last + 1;
+    t.embeddings = r == 0;
+    t.final_norm = m.plan.final_norm && r + 1 == slices.size();
+    m.plan.slices.push_back(t);
+  }
+  if (rank == 0) m.tokenizer.emplace(dir.component_dir("tokenizer"), dir.label("tokenizer"));
+  if (m.plan.slice_of(rank) != nullptr) {
+    const io::TensorStore store = io::TensorStore::open_dir(te, dir.label("text_encoder"));
+    m.part = pipeline::load_text_slice(m.plan, rank, config, store, layers, dtype, device);
+  }
+}
+
+Flux2SplitTextStage::~Flux2SplitTextStage() = default;
+
+std::vector<pipeline::PromptEmbedding> Flux2SplitTextStage::encode(const parallel::MpiEnv& env, parallel::Messenger* messenger,
+                                                                   const std::vector<std::string>& prompts,
+                                                                   int64_t max_length) const {
+  c10::InferenceMode guard;
+  const Impl& m = *impl_;
+  std::vector<pipeline::PromptEmbedding> out;
+  std::vector<pipeline::PromptTokens> tokens;
+  if (m.tokenizer) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const text::PromptTokens t = text::tokenize_flux2_prompt(*m.tokenizer, prompts[i], max_length);
+      if (t.truncated())
+        log::warn("prompt ", i, ": its ", t.num_tokens, " tokens (chat template included) are cut to --max-sequence-length ",
+                  max_length, " as diffusers does");
+      pipeline::PromptEmbedding e;
+      e.input_ids = at::tensor(t.ids, at::kLong);
+      e.attention_mask = at::tensor(t.mask, at::kLong);
+      tokens.push_back({e.input_ids.unsqueeze(0), e.attention_mask.unsqueeze(0)});
+      out.push_back(std::move(e));
+    }
+  }
+  const std::vector<at::Tensor> embeds =
+      pipeline::encode_prompts_split(m.plan, env, messenger, m.part, tokens, m.layers, m.dtype, m.device);
+  for (size_t i = 0; i < embeds.size() && i < out.size(); ++i) out[i].prompt_embeds = embeds[i][0];
+  return out;
+}
+
+std::string Flux2SplitTextStage::describe() const {
+  std::string s = "text encoder split over ranks:";
+  for (const parallel::TextSlice& t : impl_->plan.slices)
+    s += str_cat(" rank ", t.rank, " layers ", t.first_layer, "-", t.end_layer - 1);
+  return s;
+}
 
 std::shared_ptr<flux::StageModel> load_flux2_stage(const io::ModelDir& dir, int64_t first, int64_t end, bool embedders,
                                                    bool final_layer, at::ScalarType dtype, at::Device device,

@@ -16,6 +16,9 @@
 #include "models/flux/latents.h"
 #include "models/flux/stage_model.h"
 #include "models/vae/vae_decoder.h"
+#include "parallel/message.h"
+#include "parallel/mpi_env.h"
+#include "parallel/partition.h"
 #include "pipeline/text_stage.h"
 #include "sched/flow_match_euler.h"
 
@@ -32,6 +35,27 @@ class Flux2TextStage {
   /// (int64). `what` names the prompt in the truncation warning.
   pipeline::PromptEmbedding encode(const std::string& prompt, int64_t max_length, const std::string& what) const;
   int64_t parameter_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The split text stage (RunPlan::text_slices non-empty): every rank loads its slice of the
+/// encoder's layers, rank 0 tokenizes, the prompts run through the slices (pipeline/text_split.h).
+class Flux2SplitTextStage {
+ public:
+  /// Builds the plan of `slices` (as rank 0 planned them) and loads `rank`'s layers (none beyond
+  /// the slices). Not collective: the caller agrees on every rank's outcome before encode().
+  Flux2SplitTextStage(const io::ModelDir& dir, const std::vector<parallel::BlockRange>& slices,
+                      const std::vector<int64_t>& layers, int rank, at::ScalarType dtype, at::Device device);
+  ~Flux2SplitTextStage();
+  /// Collective over every rank of `env`. `prompts` (rank 0's; ignored elsewhere) -> on rank 0 one
+  /// PromptEmbedding per prompt as Flux2TextStage::encode makes it; empty elsewhere.
+  std::vector<pipeline::PromptEmbedding> encode(const parallel::MpiEnv& env, parallel::Messenger* messenger,
+                                                const std::vector<std::string>& prompts, int64_t max_length) const;
+  /// "text encoder: layers 0-14 on rank 0, ..." for the log.
+  std::string describe() const;
 
  private:
   struct Impl;

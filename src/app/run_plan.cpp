@@ -25,6 +25,9 @@ std::string to_json(const RunPlan& p) {
   j["family"] = p.family;
   j["guidance"] = p.guidance ? nlohmann::json(*p.guidance) : nlohmann::json();
   j["text_encoder_layers"] = p.text_encoder_layers;
+  nlohmann::json slices = nlohmann::json::array();
+  for (const auto& r : p.text_slices) slices.push_back({r.first, r.last});
+  j["text_slices"] = slices;
   j["patches"] = {p.patches, p.warmup_steps};
   j["groups"] = nlohmann::json::array();
   for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
@@ -58,6 +61,7 @@ RunPlan run_plan_from_json(const std::string& text) {
     p.family = j.at("family").get<std::string>();
     if (!j.at("guidance").is_null()) p.guidance = j.at("guidance").get<double>();
     p.text_encoder_layers = j.at("text_encoder_layers").get<std::vector<int64_t>>();
+    for (const auto& r : j.at("text_slices")) p.text_slices.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
     p.patches = j.at("patches").at(0).get<int64_t>();
     p.warmup_steps = j.at("patches").at(1).get<int64_t>();
     for (const auto& g : j.at("groups"))

@@ -30,6 +30,9 @@ struct RunPlan {
   /// FLUX.2 only: the guidance embedder's scale (dev; absent for klein), the text encoder's layers.
   std::optional<double> guidance;
   std::vector<int64_t> text_encoder_layers;
+  /// FLUX.2 with its text encoder split over ranks (parallel/text_split.h): the layers
+  /// [first, last + 1) each leading rank loads for the encoding stage; empty: rank 0 encodes alone.
+  std::vector<parallel::BlockRange> text_slices;
   int64_t patches = 1;
   int64_t warmup_steps = 1;
   std::vector<pipeline::WorkGroup> groups;

@@ -101,11 +101,45 @@ void encode_flux2_prompts(RootRun& root, at::Device device) {
   root.times.push_back({"encode", seconds_since(t0), stage_peak()});
 }
 
+// FLUX.2's stage 1 over the ranks holding the text encoder's slices: rank 0's distinct prompts
+// (and klein base's empty negative prompt) in order, every rank taking part.
+void encode_flux2_split(RootRun* root, const Flux2SplitTextStage& stage, const parallel::MpiEnv& env) {
+  std::vector<std::string> distinct;
+  std::map<std::string, size_t> index;
+  if (root != nullptr) {
+    const PreparedRun& run = root->prepared;
+    auto add = [&](const std::string& p) {
+      if (index.emplace(p, distinct.size()).second) distinct.push_back(p);
+    };
+    for (size_t i = 0; i < run.images.size(); ++i) {
+      if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
+      add(run.images[i].prompt);
+      if (run.plan.passes == 2) add("");
+    }
+  }
+  std::unique_ptr<parallel::Messenger> messenger = std::make_unique<parallel::Messenger>(env);
+  const int64_t msl = root != nullptr ? *root->prepared.config.max_sequence_length : 0;
+  const std::vector<pipeline::PromptEmbedding> embeds = stage.encode(env, messenger.get(), distinct, msl);
+  messenger->wait_all();
+  if (root == nullptr) return;
+  PreparedRun& run = root->prepared;
+  root->text.resize(run.images.size());
+  root->negative.resize(run.images.size());
+  for (size_t i = 0; i < run.images.size(); ++i) {
+    if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
+    root->text[i] = embeds.at(index.at(run.images[i].prompt));
+    if (run.plan.passes == 2) root->negative[i] = embeds.at(index.at(""));
+  }
+}
+
 // Stage 1 on rank 0: each distinct prompt once, with the encoders freed afterwards.
 void encode_prompts(RootRun& root, at::Device device) {
   PreparedRun& run = root.prepared;
   if (!run.any_encoding()) return;
-  if (run.plan.family == "flux2") return encode_flux2_prompts(root, device);
+  if (run.plan.family == "flux2") {
+    if (run.plan.text_slices.empty()) encode_flux2_prompts(root, device);  // else: encoded over the ranks already
+    return;
+  }
   auto t0 = Clock::now();
   pipeline::TextEncoders encoders(*run.model, root.dtype, device, run.loras.files);
   const int64_t msl = *run.config.max_sequence_length;
@@ -276,6 +310,34 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     fault = pipeline::Fault::from_environment();
     device = parallel::select_device(plan.device, env);
     parallel::apply_threads(parallel::resolve_threads(static_cast<int>(plan.threads), env));
+  } catch (const std::exception& e) {
+    code = report(e);
+  }
+  if (!plan.text_slices.empty()) {
+    // FLUX.2's text encoder over the leading ranks: all of them load their slices and agree, then
+    // encode together (a failure from here on aborts the job, as in the denoising loop).
+    code = env.agree(code);
+    if (code != kExitOk) return code;
+    const auto t0 = Clock::now();
+    std::optional<Flux2SplitTextStage> stage;
+    try {
+      stage.emplace(io::ModelDir(plan.sources), plan.text_slices, plan.text_encoder_layers, rank, dtype, device);
+    } catch (const std::exception& e) {
+      code = report(e);
+    }
+    code = env.agree(code);
+    if (code != kExitOk) return code;
+    try {
+      encode_flux2_split(root.get(), *stage, env);
+    } catch (const std::exception& e) {
+      env.abort(report(e));
+    }
+    if (rank == 0) {
+      log::info("encoded the prompts in ", seconds_text(seconds_since(t0)), " (", stage->describe(), ")");
+      root->times.push_back({"encode", seconds_since(t0), stage_peak()});
+    }
+  }
+  try {
     if (rank == 0) {
       encode_prompts(*root, device);
       if (root->prepared.inputs.encodes()) {

@@ -103,6 +103,34 @@ TEST_F(Flux2Jobs, DevKilledThenResumedBitIdentical) {
   }
 }
 
+// A budget that holds the blocks but not the whole text encoder on rank 0 splits the encoder over
+// the leading ranks for the encoding stage (parallel/text_split.h): the same embeddings and latents
+// as one rank with the whole encoder. The tiny models' weights are a few MiB, so the budget sits just
+// above the planner's runtime baseline (256 MiB): 258 MiB fits the blocks and half of the encoder.
+TEST_F(Flux2Jobs, TextEncoderSplitOverRanksIsBitIdentical) {
+  for (const char* model : {"tiny-flux2-dev"}) {
+    const std::vector<std::string> cfg = {"--guidance", "3"};
+    const std::string tag = std::string(model) == "tiny-flux2-dev" ? "split-dev" : "split-base";
+    ASSERT_EQ(run_fluxmpi(1, job(tag + "1", model, "2", cfg)).exit_code, 0);
+    for (int ranks : {2, 3}) {
+      const std::string t = tag + std::to_string(ranks);
+      auto args = job(t, model, "2", cfg);
+      args.insert(args.end(), {"--max-memory", "258MiB"});
+      JobResult r = run_fluxmpi(ranks, args);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("text encoder split over ranks: rank 0 layers 0-"), std::string::npos) << r.output;
+      ckpt::CheckpointReader a = ckpt::CheckpointReader::open(path(t + ".h5"));
+      ckpt::CheckpointReader b = ckpt::CheckpointReader::open(path(tag + "1.h5"));
+      for (int64_t i = 0; i < 2; ++i) {
+        EXPECT_TRUE(identical(t + ": prompt_embeds", a.text(i).prompt_embeds, b.text(i).prompt_embeds));
+        if (b.shape(i).true_cfg)
+          EXPECT_TRUE(identical(t + ": negative_prompt_embeds", a.text(i).negative_prompt_embeds, b.text(i).negative_prompt_embeds));
+      }
+      expect_same(t, tag + "1");
+    }
+  }
+}
+
 TEST_F(Flux2Jobs, InspectDecodesTheLastRowAsThePng) {
   JobResult r = run_fluxmpi(1, job("inspect", "tiny-flux2-dev", "2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

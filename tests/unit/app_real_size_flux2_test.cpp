@@ -103,6 +103,22 @@ TEST_F(RealSizeFlux2, DevOnEightRanksOf16GiBSplitsTheBlocks) {
   for (int r = 1; r < 8; ++r) EXPECT_LE(p.dry_run_plan->estimate(r).peak_bytes, 16 * kGiB) << "rank " << r << "\n" << p.output;
 }
 
+TEST_F(RealSizeFlux2, DevFitsFourRanksOf24GiBWithTheTextEncoderSplit) {
+  // 30 of Mistral's 40 layers (34.7 GB in bf16) do not fit rank 0: the encoder runs over ranks 0-1
+  // for the encoding stage; the 64 GB of blocks over all four.
+  const Preparation p = dry_run(model("FLUX.2-dev"), 4, {"--max-memory", "24GiB"});
+  ASSERT_TRUE(p.dry_run_plan.has_value());
+  EXPECT_NE(p.output.find("text encoder: layers 0-14 on rank 0"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("15-29 on rank 1"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("split over 2 ranks while encoding"), std::string::npos) << p.output;
+  uint64_t weights = 0;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_LE(p.dry_run_plan->estimate(r).peak_bytes, 24 * kGiB) << "rank " << r << "\n" << p.output;
+    weights += p.dry_run_plan->estimate(r).weight_bytes;
+  }
+  EXPECT_EQ(weights, 2ull * 32'223'281'152);
+}
+
 TEST_F(RealSizeFlux2, AnImpossibleBudgetIsOneLine) {
   std::string message;
   try {
