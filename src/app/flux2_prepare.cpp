@@ -191,11 +191,7 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
                                             request.text_tokens, job_bytes, request.attention_chunk_bytes);
     if (text_plan->split()) request.llm.reset();  // rank 0's encode stage is its slice, not the whole encoder
   }
-  run.stages.emplace(parallel::StagePlan::make(request));
-  if (run.stages->vae_tiling_auto())
-    log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
-  for (auto& a : run.attributes) a.vae_tiling = run.stages->vae_tiling() ? 1 : 0;
-  if (checkpoint) ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
+  make_stage_plan(run, request, checkpoint);
 
   if (c.dry_run) {
     out.output = job_text(c, dir, run.geometry, request.images, cfg, *run.stages) +

@@ -19,6 +19,24 @@
 
 namespace fluxmpi::app {
 
+namespace {
+
+// A prompt as the text encoder takes it: the chat template's ids and mask, truncated and padded
+// to max_length, with a warning when the template is cut. `what` names the prompt.
+pipeline::PromptEmbedding prompt_tokens(const text::Flux2Tokenizer& tokenizer, const std::string& prompt,
+                                        int64_t max_length, const std::string& what) {
+  const text::PromptTokens t = text::tokenize_flux2_prompt(tokenizer, prompt, max_length);
+  if (t.truncated())
+    log::warn(what, ": the prompt's ", t.num_tokens, " tokens (chat template included) are cut to --max-sequence-length ",
+              max_length, " as diffusers does");
+  pipeline::PromptEmbedding e;
+  e.input_ids = at::tensor(t.ids, at::kLong);
+  e.attention_mask = at::tensor(t.mask, at::kLong);
+  return e;
+}
+
+}  // namespace
+
 struct Flux2TextStage::Impl {
   text::Flux2Tokenizer tokenizer;
   llm::TextDecoder decoder{nullptr};
@@ -39,13 +57,7 @@ Flux2TextStage::Flux2TextStage(Flux2TextStage&&) noexcept = default;
 pipeline::PromptEmbedding Flux2TextStage::encode(const std::string& prompt, int64_t max_length,
                                                  const std::string& what) const {
   c10::InferenceMode guard;
-  const text::PromptTokens t = text::tokenize_flux2_prompt(impl_->tokenizer, prompt, max_length);
-  if (t.truncated())
-    log::warn(what, ": the prompt's ", t.num_tokens, " tokens (chat template included) are cut to --max-sequence-length ",
-              max_length, " as diffusers does");
-  pipeline::PromptEmbedding e;
-  e.input_ids = at::tensor(t.ids, at::kLong);
-  e.attention_mask = at::tensor(t.mask, at::kLong);
+  pipeline::PromptEmbedding e = prompt_tokens(impl_->tokenizer, prompt, max_length, what);
   const at::Tensor ids = e.input_ids.unsqueeze(0).to(impl_->device);
   const at::Tensor mask = e.attention_mask.unsqueeze(0).to(impl_->device);
   e.prompt_embeds = impl_->decoder->encode(ids, mask, impl_->layers)[0];
@@ -101,13 +113,7 @@ std::vector<pipeline::PromptEmbedding> Flux2SplitTextStage::encode(const paralle
   std::vector<pipeline::PromptTokens> tokens;
   if (m.tokenizer) {
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const text::PromptTokens t = text::tokenize_flux2_prompt(*m.tokenizer, prompts[i], max_length);
-      if (t.truncated())
-        log::warn("prompt ", i, ": its ", t.num_tokens, " tokens (chat template included) are cut to --max-sequence-length ",
-                  max_length, " as diffusers does");
-      pipeline::PromptEmbedding e;
-      e.input_ids = at::tensor(t.ids, at::kLong);
-      e.attention_mask = at::tensor(t.mask, at::kLong);
+      pipeline::PromptEmbedding e = prompt_tokens(*m.tokenizer, prompts[i], max_length, str_cat("prompt ", i));
       tokens.push_back({e.input_ids.unsqueeze(0), e.attention_mask.unsqueeze(0)});
       out.push_back(std::move(e));
     }

@@ -193,6 +193,16 @@ parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size
   return request;
 }
 
+void make_stage_plan(PreparedRun& run, const parallel::PlanRequest& request, const ckpt::CheckpointReader* checkpoint) {
+  run.stages.emplace(parallel::StagePlan::make(request));
+  if (run.stages->vae_tiling_auto())
+    log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
+  for (auto& a : run.attributes) a.vae_tiling = run.stages->vae_tiling() ? 1 : 0;
+  // Whether tiling is used is known only now: the resumed file is compared once more.
+  if (checkpoint)
+    ckpt::check_matches(run.config.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
+}
+
 RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
   const RunConfig& c = run.config;
   RunPlan plan;
@@ -348,11 +358,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
                                               nn::kAttentionChunkBytes);
     request.image_encode_bytes = encode_stage->total();
   }
-  run.stages.emplace(parallel::StagePlan::make(request));
-  if (run.stages->vae_tiling_auto())
-    log::info("--max-memory: rank 0's decode stage does not fit its budget untiled; decoding in VAE tiles (as --vae-tiling)");
-  for (auto& a : run.attributes) a.vae_tiling = run.stages->vae_tiling() ? 1 : 0;
-  if (checkpoint) ckpt::check_matches(c.resume, checkpoint->file(), checkpoint->attributes(), run.file, run.attributes);
+  make_stage_plan(run, request, checkpoint ? &*checkpoint : nullptr);
 
   if (c.dry_run) {
     std::string encode;

@@ -73,6 +73,9 @@ std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& p
 /// reference tokens).
 parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
                                           int64_t inner_dim, int64_t num_blocks);
+/// Plans the stages (run.stages), sets every image's vae_tiling from the plan, and compares a
+/// resumed checkpoint with the attributes once more.
+void make_stage_plan(PreparedRun& run, const parallel::PlanRequest& request, const ckpt::CheckpointReader* checkpoint);
 /// The run plan's fields every family has; needs run.stages.
 RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes);
 
