@@ -221,6 +221,7 @@ RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
   plan.warmup_steps = c.warmup_steps;
   plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
   for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
+  plan.decode_ranks = run.stages->decode_ranks();
   return plan;
 }
 
