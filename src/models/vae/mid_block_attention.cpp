@@ -43,8 +43,9 @@ at::Tensor MidBlockAttentionImpl::forward(const at::Tensor& x) const {
     }
   }
   at::Tensor out = to_out_0_->forward(attended.squeeze(1));  // [B, L, C]
-  // Back to [B, C, H, W]; diffusers then divides by rescale_output_factor = 1 (omitted: x / 1 is x).
-  return out.transpose(1, 2).reshape({B, C, H, W}) + x;
+  // Back to [B, C, H, W] (a channels-last view of `out`, no copy); diffusers then divides by
+  // rescale_output_factor = 1 (omitted: x / 1 is x).
+  return out.transpose(1, 2).reshape({B, C, H, W}).add_(x);
 }
 
 }  // namespace fluxmpi::vae

@@ -18,11 +18,14 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in_channels, int64_t out_channels, 
 at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x) const {
   // x: [B, C_in, H, W]
   nn::check_shape(x, {-1, in_channels_, -1, -1}, "ResnetBlock2D input [B, C_in, H, W]");
-  at::Tensor h = conv1_->forward(at::silu(norm1_->forward(x)));
-  h = conv2_->forward(at::silu(norm2_->forward(h)));
-  at::Tensor shortcut = conv_shortcut_ ? conv_shortcut_->forward(x) : x;
+  // Each SiLU and the residual sum run in place on a tensor made here: at the VAE's large images
+  // a fresh tensor costs more in page faults than the arithmetic on it.
+  at::Tensor h = norm1_->forward(x);
+  h = conv1_->forward(at::silu_(h));
+  h = norm2_->forward(h);
+  h = conv2_->forward(at::silu_(h));
   // diffusers divides by output_scale_factor, which is 1 in the VAE: x / 1 is x, so it is omitted.
-  return shortcut + h;
+  return h.add_(conv_shortcut_ ? conv_shortcut_->forward(x) : x);
 }
 
 }  // namespace fluxmpi::vae
