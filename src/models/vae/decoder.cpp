@@ -2,6 +2,7 @@
 #include "models/vae/decoder.h"
 
 #include "models/common/tensor_utils.h"
+#include "models/vae/norm.h"
 
 namespace fluxmpi::vae {
 
@@ -41,7 +42,7 @@ at::Tensor DecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) const 
     h = block->forward(h);
     if (trace) trace->up_blocks.push_back(h);
   }
-  h = conv_norm_out_->forward(h);
+  h = group_norm(conv_norm_out_, h);
   if (trace) {
     trace->conv_norm_out = h;
     h = at::silu(h);
