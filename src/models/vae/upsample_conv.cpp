@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "models/common/layers.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::vae {
@@ -34,8 +35,9 @@ at::Tensor upsample2x_conv3x3(const at::Tensor& x, const at::Tensor& weight, con
   nn::check_shape(x, {-1, weight.size(1), -1, -1}, "upsample conv input [B, C_in, H, W]");
   // With padding 1 the 2x2 kernels' output (p, q) reads input rows p-1, p and columns q-1, q:
   // phase (a, b) of output pixel (2i + a, 2j + b) is y[(2a + b) * C + c, i + a, j + b].
-  const at::Tensor y = at::conv2d(x, upsample_phase_weights(weight), bias.repeat({4}), /*stride=*/{1, 1},
-                                  /*padding=*/{1, 1});  // [B, 4C, H + 1, W + 1]
+  const int64_t stride[] = {1, 1}, padding[] = {1, 1};
+  const at::Tensor y = nn::conv2d(x, upsample_phase_weights(weight), bias.repeat({4}), stride,
+                                  padding);  // [B, 4C, H + 1, W + 1]
   at::Tensor out = at::empty({B, C, 2 * H, 2 * W}, x.options().memory_format(x.suggest_memory_format()));
   const at::Tensor phases = out.view({B, C, H, 2, W, 2});
   for (int64_t a = 0; a < 2; ++a)
