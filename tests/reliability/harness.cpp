@@ -337,15 +337,16 @@ Outcome run_program(Program program, const std::vector<std::string>& args, int r
   std::vector<std::string> argv;
   const std::string exe = program == Program::Fluxmpi ? FLUXMPI_EXE : FLUXMPI_INSPECT_EXE;
   if (ranks > 1) {
-    // Each rank reports its own exit code through a wrapper: mpiexec only passes on one. The
-    // wrapper ignores SIGTERM (and so does the rank), and mpiexec waits 10 s before its SIGKILL
-    // (FLUXMPI_MPIEXEC_FLAGS), so that mpiexec ending the job after the first non-zero exit cannot
-    // cut off another rank's report on a slow machine; SIGKILL still ends a hung rank.
+    // Each rank reports its own exit code through a wrapper (mpiexec only passes on one) and the
+    // wrapper itself exits 0, so mpiexec never starts its abort sequence: every rank has to end
+    // by itself, which is what the rows test (a rank left waiting is a hang: the time limit
+    // kills the group and the rank's report is missing). Open MPI 4's abort sequence would also
+    // cost its whole SIGTERM-to-SIGKILL delay twice, even after every rank has exited.
     argv = {FLUXMPI_MPIEXEC, FLUXMPI_MPIEXEC_NUMPROC_FLAG, std::to_string(ranks)};
     for (const auto& f : split_words(FLUXMPI_MPIEXEC_FLAGS)) argv.push_back(f);
     argv.insert(argv.end(), {"/bin/sh", "-c",
-                             "dir=$1; shift; trap '' TERM; \"$@\"; code=$?; "
-                             "echo \"$code\" > \"$dir/rank-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-unknown}}\"; exit \"$code\"",
+                             "dir=$1; shift; \"$@\"; code=$?; "
+                             "echo \"$code\" > \"$dir/rank-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-unknown}}\"; exit 0",
                              "fluxmpi-rank", ws.private_dir()});
   }
   argv.push_back(exe);
@@ -354,6 +355,17 @@ Outcome run_program(Program program, const std::vector<std::string>& args, int r
   for (int r = 0; r < ranks && ranks > 1; ++r) {
     const std::string f = ws.private_dir() + "/rank-" + std::to_string(r);
     if (fs::exists(f)) o.rank_codes[r] = std::atoi(read_bytes(f).c_str());
+  }
+  // The job's code, as mpiexec reports it to a user: the first rank's non-zero code (the rows
+  // check every rank's own code as well). mpiexec's own failure (its code without every report)
+  // stays as it is.
+  if (ranks > 1 && o.exit_code == 0 && static_cast<int>(o.rank_codes.size()) == ranks) {
+    for (const auto& [rank, code] : o.rank_codes) {
+      if (code != 0) {
+        o.exit_code = code;
+        break;
+      }
+    }
   }
   return o;
 }
