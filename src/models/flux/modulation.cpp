@@ -23,9 +23,15 @@ at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at:
   return at::addcmul(x, gate.unsqueeze(1), y);
 }
 
-std::vector<at::Tensor> AdaNormImpl::chunks(const at::Tensor& temb) const {
+std::vector<at::Tensor> AdaNormImpl::chunks(const at::Tensor& temb, ModulationCache* cache) const {
   // temb: [B, D] -> num_chunks x [B, D]
-  return linear->forward(at::silu(temb)).chunk(num_chunks, 1);
+  if (cache != nullptr && cache->temb.defined() && cache->temb.sizes() == temb.sizes() &&
+      cache->temb.scalar_type() == temb.scalar_type() && cache->temb.device() == temb.device() &&
+      at::equal(cache->temb, temb))
+    return cache->chunks;
+  std::vector<at::Tensor> out = linear->forward(at::silu(temb)).chunk(num_chunks, 1);
+  if (cache != nullptr) *cache = ModulationCache{temb.clone(), out};
+  return out;
 }
 
 }  // namespace fluxmpi::flux

@@ -21,7 +21,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
                                     KvCache* kv) const {
   // x: [B, N, D] with N = S + L, temb: [B, D]
   nn::check_shape(x, {temb.size(0), rope.cos.size(0), dim}, "single block x [B, S+L, D]");
-  auto m = norm->chunks(temb);  // shift, scale, gate
+  auto m = norm->chunks(temb, kv != nullptr ? &kv->modulation[0] : nullptr);  // shift, scale, gate
   at::Tensor h = modulate(x, m[0], m[1]);
   const int64_t inner = attn->heads * attn->head_dim;
   if (fused_weight_.defined() && fused::applies(x)) {
