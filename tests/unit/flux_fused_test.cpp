@@ -93,6 +93,46 @@ TEST(FluxFused, GeluTanhIntoIsWithinOneRoundingOfFp64) {
   EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 103, 4), at::full({2, 9, 4}, 7.0, x.options())));
 }
 
+// fp32: the same loop without the bf16 rounding, within float arithmetic of fp64: 1e-6 of the
+// value, and in the negative tail e^(-2|u|) turns u's float rounding into a relative error of
+// ~|u| ulps (any float formula does), so 1e-6 (1 + |u|).
+TEST(FluxFused, GeluTanhIntoFp32IsWithinFloatArithmeticOfFp64) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  at::Tensor x = at::cat({4 * at::randn({2, 9, 70}, gen), at::linspace(-12, 12, 2 * 9 * 30).view({2, 9, 30})}, 2);
+  at::Tensor buffer = at::full({2, 9, 107}, 7.0, x.options());
+  fused::gelu_tanh_into(x, buffer.narrow(-1, 3, 100));
+  at::Tensor got = buffer.narrow(-1, 3, 100).to(at::kDouble), xd = x.to(at::kDouble);
+  at::Tensor truth = xd * at::sigmoid(2 * 0.79788456080286535588 * (xd + 0.044715 * xd * xd * xd));
+  at::Tensor u = 0.79788456080286535588 * (xd + 0.044715 * xd * xd * xd);
+  const double worst = ((got - truth).abs() / (1e-6 * (1 + u.abs()) * truth.abs() + 1e-30)).max().item<double>();
+  EXPECT_LE(worst, 1.0) << "fp32 gelu_tanh_into: largest error / bound " << worst;
+  EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 0, 3), at::full({2, 9, 3}, 7.0, x.options())));
+  EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 103, 4), at::full({2, 9, 4}, 7.0, x.options())));
+}
+
+// fp32: mean and variance in float in another order than libtorch's layer_norm: within 1e-6 of
+// fp64 at the output's scale, as close as the operators it replaces (within 2x), and within
+// kTolFp32 of them.
+TEST(FluxFused, LayerNormModulateFp32IsWithinFloatArithmeticOfFp64) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(16);
+  for (int64_t D : {5, 40, 512, 3072}) {
+    at::Tensor x = 2 + 3 * at::randn({2, 7, D}, gen);
+    std::vector<at::Tensor> c = (0.5 * at::randn({2, 3 * D}, gen)).chunk(3, 1);
+    at::Tensor got = fused::layer_norm_modulate(x, c[0], c[1], 1e-6).to(at::kDouble);
+    at::Tensor t = (1 + c[1].unsqueeze(1)).to(at::kDouble), shift = c[0].unsqueeze(1).to(at::kDouble);
+    at::Tensor term = at::layer_norm(x.to(at::kDouble), {D}, {}, {}, 1e-6) * t;
+    const at::Tensor truth = shift + term;
+    EXPECT_TRUE(test::close_to("fp32 layer_norm_modulate vs fp64, D=" + std::to_string(D), got, truth, 1e-6));
+    at::Tensor ops = at::addcmul(c[0].unsqueeze(1), at::layer_norm(x, {D}, {}, {}, 1e-6), 1 + c[1].unsqueeze(1));
+    const double ours = (got - truth).abs().max().item<double>();
+    const double theirs = (ops.to(at::kDouble) - truth).abs().max().item<double>();
+    EXPECT_LE(ours, 2 * theirs) << "D=" << D << ": max |diff| from fp64 " << ours << ", the operators' " << theirs;
+    EXPECT_TRUE(test::close_to("fp32 layer_norm_modulate vs the operators, D=" + std::to_string(D), got, ops, test::kTolFp32));
+  }
+}
+
 TEST(FluxFused, LayerNormModulateIsWithinItsRoundingsOfFp64) {
   c10::InferenceMode guard;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(6);

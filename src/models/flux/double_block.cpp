@@ -21,7 +21,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden) {
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) const {
   at::Tensor h = proj_->forward(x);
-  if (h.device().is_cpu() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.stride(2) == 1) {
+  if (fused::applies(h) && h.dim() == 3 && h.stride(2) == 1) {
     at::Tensor g = at::empty_like(h);
     fused::gelu_tanh_into(h, g);
     return out_->forward(g);

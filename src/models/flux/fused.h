@@ -24,14 +24,16 @@ bool applies(const at::Tensor& t);
 void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double eps, const RopeTables& rope,
                         int64_t rope_row0, const at::Tensor& out);
 
-/// GELU with the tanh approximation (at::gelu(x, "tanh")) of a CPU bf16 x [B, N, C] into out of
-/// the same sizes (any row strides, unit last stride: out may be a column slice), computed in float
-/// and rounded once to bf16, as libtorch's bf16 kernel, which runs at half its fp32 speed.
-void gelu_tanh_into(const at::Tensor& x, at::Tensor& out);
+/// GELU with the tanh approximation (at::gelu(x, "tanh")) of a CPU fp32 or bf16 x [B, N, C] into
+/// out of the same sizes and dtype (any row strides, unit last stride: out may be a column slice),
+/// computed in float as x sigmoid(2u) and rounded once, as libtorch's kernel rounds (libtorch
+/// 1.13's runs bf16 at half its fp32 speed, and its fp32 one at about a fifth of this loop's).
+void gelu_tanh_into(const at::Tensor& x, const at::Tensor& out);
 
-/// LayerNorm(x) * (1 + scale) + shift (no affine, `eps`) for a contiguous CPU bf16 x [B, L, D]
-/// and bf16 shift, scale [B, D] (unit last stride): modulate()'s operators in one pass, rounding
-/// to bf16 where they do (1 + scale, the normed x, the result); mean and variance in float.
+/// LayerNorm(x) * (1 + scale) + shift (no affine, `eps`) for a contiguous CPU fp32 or bf16
+/// x [B, L, D] and shift, scale [B, D] of its dtype (unit last stride): modulate()'s operators
+/// in one pass, rounding to the dtype where they do (1 + scale, the normed x, the result); mean
+/// and variance in float.
 at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps);
 
 }  // namespace fluxmpi::flux::fused

@@ -30,9 +30,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
     at::Tensor both = at::empty({x.size(0), x.size(1), inner + mlp_dim}, x.options());
     attn->attend_into(all.narrow(-1, 0, inner), all.narrow(-1, inner, inner), all.narrow(-1, 2 * inner, inner), rope,
                       both.narrow(-1, 0, inner), kv);
-    at::Tensor g = both.narrow(-1, inner, mlp_dim);
-    if (x.scalar_type() == at::kBFloat16) fused::gelu_tanh_into(all.narrow(-1, 3 * inner, mlp_dim), g);
-    else at::gelu_out(g, all.narrow(-1, 3 * inner, mlp_dim), "tanh");
+    fused::gelu_tanh_into(all.narrow(-1, 3 * inner, mlp_dim), both.narrow(-1, inner, mlp_dim));
     return clip_fp16(gated_residual(x, m[2], proj_out->forward(both)));
   }
   at::Tensor q, k, v, mlp;
