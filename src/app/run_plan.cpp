@@ -33,6 +33,7 @@ std::string to_json(const RunPlan& p) {
   for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
   j["ranges"] = nlohmann::json::array();
   for (const auto& r : p.ranges) j["ranges"].push_back({r.first, r.last});
+  j["decode_ranks"] = p.decode_ranks;
   j["loras"] = nlohmann::json::parse(io::loras_to_json(p.loras));
   return j.dump();
 }
@@ -67,6 +68,7 @@ RunPlan run_plan_from_json(const std::string& text) {
     for (const auto& g : j.at("groups"))
       p.groups.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<int64_t>()});
     for (const auto& r : j.at("ranges")) p.ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+    p.decode_ranks = j.at("decode_ranks").get<std::vector<int>>();
     auto loras = io::loras_from_json(j.at("loras").dump());
     if (!loras) throw CommError("malformed run plan from rank 0: 'loras'");
     p.loras = std::move(*loras);

@@ -37,6 +37,9 @@ struct RunPlan {
   int64_t warmup_steps = 1;
   std::vector<pipeline::WorkGroup> groups;
   std::vector<parallel::BlockRange> ranges;  ///< blocks of each rank
+  /// The ranks that decode VAE tiles (parallel::StagePlan::decode_ranks), the leader first; one
+  /// rank (or none): the leader decodes alone.
+  std::vector<int> decode_ranks;
   std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns
 };
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "app/decode_helper.h"
 #include "app/flux2_stages.h"
 #include "app/image_stage.h"
 #include "app/prepare.h"
@@ -28,6 +29,7 @@
 #include "pipeline/noise.h"
 #include "pipeline/progress.h"
 #include "pipeline/text_stage.h"
+#include "pipeline/tile_decode.h"
 
 namespace fluxmpi::app {
 namespace {
@@ -50,6 +52,13 @@ std::string denoise_text(double total, double blocked) {
   os << "denoised in " << seconds_text(total) << ", " << seconds_text(blocked) << " (" << std::fixed
      << std::setprecision(1) << (total > 0 ? 100.0 * blocked / total : 0.0) << " %) blocked on messages";
   return os.str();
+}
+
+// "1, 2, 3"
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += str_cat(s.empty() ? "" : ", ", r);
+  return s;
 }
 
 struct StageTime {
@@ -411,6 +420,10 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       const double blocked = messenger->blocked_seconds();
       messenger.reset();
       log::debug(denoise_text(seconds_since(t0), blocked), "; peak RSS ", format_bytes(peak_rss_bytes()));
+      if (helps_decode(plan, rank)) {
+        part = nullptr;  // its blocks are done: the slice goes before the VAE decoder comes
+        help_decode(plan, env, dtype, device);
+      }
       return kExitOk;
     }
 
@@ -555,6 +568,12 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     vae::DecodeOptions decode_options;
     decode_options.tiling = run.stages->vae_tiling();
     decode_options.slicing = c.vae_slicing;
+    // Tiled: the tiles of each pass spread over the decode ranks, blended here.
+    std::optional<pipeline::TileDecodeLeader> spread;
+    if (plan.decode_ranks.size() > 1) {
+      spread.emplace(env, plan.decode_ranks, dtype, device);
+      decode_options.tiles = &*spread;
+    }
     std::vector<size_t> batch;
     auto decode_batch = [&]() {
       if (batch.empty()) return;
@@ -586,6 +605,11 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
       if (static_cast<int64_t>(batch.size()) == c.microbatch) decode_batch();
     }
     decode_batch();
+    if (spread) {
+      spread->finish();
+      log::debug("decoded ", spread->passes(), " tiled pass(es) over ranks ", ranks_text(plan.decode_ranks), ", ",
+                 seconds_text(spread->blocked_seconds()), " waiting for the helpers' tiles");
+    }
     if (decoder || flux2_decoder) root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});
     if (writer) writer->close();
     print_summary(*root, seconds_since(start));

@@ -6,7 +6,8 @@
 ///      with the same code and its message;
 ///   3. the denoising loop (pipeline/denoise.h), rank 0 writing the checkpoint rows; a failure on
 ///      any rank from here on ends the job through MPI_Abort;
-///   4. rank 0 loads the VAE and decodes every image to its PNG.
+///   4. rank 0 loads the VAE and decodes every image to its PNG; tiled on several ranks, the
+///      other decode ranks of the plan free their slice and decode tiles for it (app/decode_helper.h).
 
 #include <string>
 #include <vector>

@@ -45,7 +45,7 @@ std::optional<at::ScalarType> dtype_of_code(int64_t code) {
   }
 }
 
-bool known_kind(int64_t kind) { return kind >= 1 && kind <= 5; }
+bool known_kind(int64_t kind) { return kind >= 1 && kind <= 7; }
 
 bool mpi_is_cuda_aware() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -78,6 +78,8 @@ const char* message_kind_name(MessageKind kind) {
     case MessageKind::NoisePred: return "NoisePred";
     case MessageKind::TextHidden: return "TextHidden";
     case MessageKind::TextStates: return "TextStates";
+    case MessageKind::DecodeLatents: return "DecodeLatents";
+    case MessageKind::DecodedTile: return "DecodedTile";
   }
   return "UnknownKind";
 }
@@ -307,16 +309,34 @@ void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Ten
   for (size_t i = 0; i < buffers.size(); ++i)
     FLUX_CHECK(buffers[i].is_contiguous(), "receive buffer ", i, " of ", message_kind_name(tag.kind), " is not contiguous");
   const MessageHeader expected = MessageHeader::of(tag, buffers);
-  MPI_Comm comm = env_.comms().world;
   BlockedTimer timer(blocked_seconds_);
+  check_header(expected, recv_header(source), source, env_.rank());
+  recv_payload(source, buffers);
+}
 
+std::vector<at::Tensor> Messenger::recv_any_shape(int source, const MessageTag& tag, at::Device device) {
+  FLUX_CHECK(source >= 0 && source < env_.size(), "receive from rank ", source, " of ", env_.size());
+  BlockedTimer timer(blocked_seconds_);
+  const MessageHeader actual = recv_header(source);
+  // The tag as expected, the tensors as sent.
+  MessageHeader expected = actual;
+  expected.tag = tag;
+  check_header(expected, actual, source, env_.rank());
+  std::vector<at::Tensor> buffers;
+  for (const TensorSpec& t : actual.tensors)
+    buffers.push_back(at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(device)));
+  recv_payload(source, buffers);
+  return buffers;
+}
+
+MessageHeader Messenger::recv_header(int source) {
   // The header is where a rank waits for its neighbour, often most of a step: wait without
   // spinning (Open MPI's blocking receive busy-polls a core), so that ranks sharing cores leave
   // them to the ranks that compute. A pause of at most 200 us costs nothing next to a step.
   HeaderWords words{};
   MPI_Request request = MPI_REQUEST_NULL;
   const std::string what = str_cat("MPI_Irecv (header from rank ", source, ")");
-  check_mpi(MPI_Irecv(words.data(), kHeaderWords, MPI_INT64_T, source, kHeaderTag, comm, &request), what);
+  check_mpi(MPI_Irecv(words.data(), kHeaderWords, MPI_INT64_T, source, kHeaderTag, env_.comms().world, &request), what);
   int done = 0;
   for (int64_t pause_us = 1;;) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
@@ -324,8 +344,11 @@ void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Ten
     std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     pause_us = std::min<int64_t>(2 * pause_us, 200);
   }
-  check_header(expected, decode_header(words, source, env_.rank()), source, env_.rank());
+  return decode_header(words, source, env_.rank());
+}
 
+void Messenger::recv_payload(int source, std::vector<at::Tensor>& buffers) {
+  MPI_Comm comm = env_.comms().world;
   for (at::Tensor& b : buffers) {
     at::Tensor target = b;
     if (b.is_cuda()) {

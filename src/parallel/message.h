@@ -34,8 +34,14 @@ enum class MessageKind : int32_t {
   /// From a slice after the first back to rank 0: the requested hidden states it produced,
   /// stacked [n, B, S, H] in ascending layer order.
   TextStates = 5,
+  /// The tiled decode spread over a pipeline (pipeline/tile_decode.h), from the leader to a
+  /// helper: one pass's VAE input [B, latent_channels, h, w] (B = 0: no more passes).
+  DecodeLatents = 6,
+  /// Back to the leader: one decoded tile [B, out_channels, th * s, tw * s] (step = the tile).
+  DecodedTile = 7,
 };
-/// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates"
+/// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates" | "DecodeLatents" |
+/// "DecodedTile"
 const char* message_kind_name(MessageKind kind);
 
 /// Which image, step and pass a message belongs to.
@@ -122,6 +128,10 @@ class Messenger {
   /// Receives the next message from `source` (blocking): its header must equal `expected`; the
   /// tensors are allocated contiguous on `device`.
   std::vector<at::Tensor> recv(int source, const MessageHeader& expected, at::Device device);
+  /// Receives the next message from `source` (blocking) whose tag must equal `tag` but whose
+  /// dtypes and shapes the sender chose (the caller checks them): for a receiver that cannot know
+  /// the sizes beforehand, as a decode helper learns each pass's batch from its latents.
+  std::vector<at::Tensor> recv_any_shape(int source, const MessageTag& tag, at::Device device);
   /// Receives into caller-owned contiguous buffers, reused across steps; their dtypes and shapes
   /// together with `tag` are the expected header.
   void recv_into(int source, const MessageTag& tag, std::vector<at::Tensor>& buffers);
@@ -135,6 +145,10 @@ class Messenger {
 
  private:
   struct Pending;
+  /// Blocks (without spinning) until the next header from `source` is there; decodes it.
+  MessageHeader recv_header(int source);
+  /// The payload that follows a header, into `buffers` (its tensors' shapes and dtypes).
+  void recv_payload(int source, std::vector<at::Tensor>& buffers);
   const MpiEnv& env_;
   size_t max_outstanding_;
   bool cuda_aware_ = false;
