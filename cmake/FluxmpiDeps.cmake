@@ -33,6 +33,10 @@ fluxmpi_need(SENTENCEPIECE_TRAIN_LIBRARY "sentencepiece trainer library" "libsen
 if(FLUXMPI_WITH_TORCH)
   find_package(Torch QUIET)
   fluxmpi_need(Torch_FOUND "libtorch" "libtorch-dev")
+  # The OpenMP of the compiler (libtorch's CPU threads are OpenMP's): fluxmpi's CPU kernels need it
+  # for at::parallel_for to spread over them (CMakeLists.txt).
+  find_package(OpenMP QUIET COMPONENTS CXX)
+  fluxmpi_need(OpenMP_CXX_FOUND "OpenMP for C++" "g++ (libgomp)")
 
   find_package(MPI QUIET COMPONENTS C)
   fluxmpi_need(MPI_C_FOUND "MPI" "libopenmpi-dev")

@@ -1,8 +1,10 @@
-// nn::attention's two paths against a float64 softmax(q k^T · scale + bias) v, for the calls the
+// nn::attention's paths against a float64 softmax(q k^T · scale + bias) v, for the calls the
 // models make: plain (FLUX, the VAE), with an additive position bias and no scaling (T5), causal
 // (CLIP), bias and causal together, and a batch x heads count large enough to be chunked. The SDPA
 // path exists with libtorch >= 2 only (Debian 13's 2.6; Debian 12's 1.13 has none), where it is
-// also the path attention() takes in fp32 (and on other devices); T5 always takes the math path.
+// the path attention() takes on other devices; on the CPU it takes the tiled path in fp32 and
+// bf16 (tests/unit/attention_tiled_test.cpp tests that kernel's shapes); T5 always takes the math
+// path.
 
 #include <gtest/gtest.h>
 #include <torch/version.h>
@@ -73,23 +75,34 @@ TEST_P(AttentionPaths, SdpaMatchesFloat64) {
   check_path(AttentionPath::Sdpa, GetParam(), at::kBFloat16, kBf16Tol);
 }
 
+TEST_P(AttentionPaths, TiledMatchesFloat64) {
+  check_path(AttentionPath::Tiled, GetParam(), at::kFloat, kFp32Tol);
+  check_path(AttentionPath::Tiled, GetParam(), at::kBFloat16, kBf16Tol);
+}
+
 INSTANTIATE_TEST_SUITE_P(Calls, AttentionPaths, testing::ValuesIn(kCalls),
                          [](const testing::TestParamInfo<Call>& i) { return std::string(i.param.name); });
 
-// Auto: SDPA where the libtorch has it, but the math path for bf16 and fp16 on the CPU, where
-// libtorch 2.6's SDPA is the slower one (docs/performance.md).
-TEST(AttentionPath, AutoIsSdpaWhereAvailableExceptReducedPrecisionOnTheCpu) {
+// Auto on the CPU: the tiled attention in fp32 and bf16 (faster than both other paths there,
+// docs/performance.md), the math path in fp16; SDPA is what other devices take where it exists.
+TEST(AttentionPath, AutoIsTiledOnTheCpuInFp32AndBf16) {
   EXPECT_EQ(sdpa_available(), TORCH_VERSION_MAJOR >= 2);
   at::manual_seed(3);
   at::Tensor q = at::randn({1, 2, 9, 8}), k = at::randn({1, 2, 9, 8}), v = at::randn({1, 2, 9, 8});
   at::Tensor bias = at::randn({1, 2, 9, 9});
-  const AttentionPath fp32 = sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
-  EXPECT_EQ(default_attention_path(q), fp32);
-  EXPECT_TRUE(at::equal(attention(q, k, v, bias, 1.0), attention_via(fp32, q, k, v, bias, 1.0)));
-  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) EXPECT_EQ(default_attention_path(q.to(t)), AttentionPath::Math);
-  at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
-  at::Tensor bb = bias.to(at::kBFloat16);
-  EXPECT_TRUE(at::equal(attention(qb, kb, vb, bb, 1.0), attention_via(AttentionPath::Math, qb, kb, vb, bb, 1.0)));
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16}) {
+    at::Tensor qt = q.to(t), kt = k.to(t), vt = v.to(t), bt = bias.to(t);
+    EXPECT_EQ(default_attention_path(qt), AttentionPath::Tiled) << at::toString(t);
+    EXPECT_TRUE(at::equal(attention(qt, kt, vt, bt, 1.0), attention_via(AttentionPath::Tiled, qt, kt, vt, bt, 1.0)));
+  }
+  EXPECT_EQ(default_attention_path(q.to(at::kHalf)), AttentionPath::Math);
+  EXPECT_EQ(default_attention_path(q.to(at::kDouble)), AttentionPath::Math);
+}
+
+TEST(AttentionPath, TiledRefusesWhatItDoesNotCompute) {
+  at::Tensor q = at::randn({1, 1, 4, 8});
+  EXPECT_THROW(attention_via(AttentionPath::Tiled, q.to(at::kDouble), q.to(at::kDouble), q.to(at::kDouble)),
+               std::exception);
 }
 
 TEST(AttentionPath, SdpaWithoutLibtorch2Throws) {

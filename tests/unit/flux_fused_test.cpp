@@ -1,6 +1,7 @@
 // The fused CPU kernels of the FLUX blocks (models/flux/fused.h) against the operator-by-operator
-// formulation they replace (RMSNormImpl + apply_rope, nn::attention), and whole blocks in fp32 and
-// bf16 against the same blocks run in fp64, where every step takes the operator path.
+// formulation they replace (RMSNormImpl + apply_rope), and whole blocks in fp32 and bf16 against
+// the same blocks run in fp64, where every step takes the operator path: without a KV cache, and
+// with one through an exact step and then patch windows (patch pipelining).
 
 #include <gtest/gtest.h>
 
@@ -47,50 +48,21 @@ TEST(FluxFused, RmsNormRopeMatchesTheOperators) {
     at::Tensor tq = txt.narrow(-1, H * Dh, H * Dh).view({B, S, H, Dh});
     at::Tensor iq = img.narrow(-1, H * Dh, H * Dh).view({B, L, H, Dh});
     at::Tensor out = at::empty({B, H, S + L, Dh}, txt.options());
-    fused::rms_norm_rope_into(tq, norm->weight, norm->eps, rope, 0, out);
-    fused::rms_norm_rope_into(iq, norm->weight, norm->eps, rope, S, out);
+    fused::rms_norm_rope_into(tq, norm->weight, norm->eps, rope, 0, out.narrow(2, 0, S));
+    fused::rms_norm_rope_into(iq, norm->weight, norm->eps, rope, S, out.narrow(2, S, L));
     at::Tensor ref = apply_rope(at::cat({norm->forward(tq), norm->forward(iq)}, 1), rope).transpose(1, 2);
     ASSERT_EQ(out.scalar_type(), dtype);
     const double tol = dtype == at::kFloat ? 1e-6 : kOneBf16Ulp;
     EXPECT_TRUE(test::close_to(std::string("rms_norm_rope_into ") + nn::dtype_label(dtype), out, ref, tol));
-  }
-}
-
-TEST(FluxFused, AttentionIntoMatchesNnAttention) {
-  c10::InferenceMode guard;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
-  const int64_t B = 2, H = 3, N = 37, Dh = 16;
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    at::Tensor q = at::randn({B, H, N, Dh}, gen).to(dtype), k = at::randn({B, H, N, Dh}, gen).to(dtype);
-    at::Tensor vt = at::randn({B, H, Dh, N}, gen).to(dtype);
-    // A column slice of a wider buffer, as the single block passes it.
-    at::Tensor buffer = at::full({B, N, H * Dh + 5}, 7.0, q.options());
-    at::Tensor out = buffer.narrow(-1, 0, H * Dh);
-    fused::attention_into(q, k, vt.transpose(2, 3), out);
-    at::Tensor ref = nn::attention(q, k, vt.transpose(2, 3)).transpose(1, 2).reshape({B, N, H * Dh});
-    const double tol = dtype == at::kFloat ? 1e-6 : 2 * kOneBf16Ulp;
-    EXPECT_TRUE(test::close_to(std::string("attention_into ") + nn::dtype_label(dtype), out, ref, tol));
-    EXPECT_TRUE(test::identical("columns after the slice", buffer.narrow(-1, H * Dh, 5), at::full({B, N, 5}, 7.0, q.options())));
-  }
-}
-
-TEST(FluxFused, SoftmaxScaledMatchesLibtorchsBf16Softmax) {
-  c10::InferenceMode guard;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  const double scale = 0.125;
-  // Rows shorter and longer than the kernel's 8 partial sums, and a row whose values are so far
-  // below its maximum that their exponentials underflow.
-  for (int64_t N : {3, 37, 1000}) {
-    at::Tensor x = (8 * at::randn({2, 5, N}, gen)).to(at::kBFloat16);
-    x[1][2].fill_(-30000);
-    x[1][2][0] = 40;
-    at::Tensor ref = at::softmax(x * scale, -1);  // libtorch's bf16 operators, as before this kernel
-    at::Tensor got = x.clone();
-    fused::softmax_scaled_(got, scale);
-    // Probabilities are at most 1: one bf16 rounding of the result is one ulp of 1 at most.
-    EXPECT_TRUE(test::close_to("softmax_scaled_ N=" + std::to_string(N), got, ref, kOneBf16Ulp));
-    EXPECT_TRUE(test::identical("the underflowing row", got[1][2].narrow(0, 1, N - 1), at::zeros({N - 1}, got.options())));
-    EXPECT_EQ(got[1][2][0].item<float>(), 1.0f);
+    // Into the rows of a [B, Ntot, H, Dh] key cache seen as [B, H, N, Dh]: the image rows at
+    // offset 3, the cache's other rows untouched.
+    at::Tensor cache = at::full({B, S + L + 4, H, Dh}, 7.0, txt.options());
+    fused::rms_norm_rope_into(iq, norm->weight, norm->eps, rope, S, cache.narrow(1, 3, L).transpose(1, 2));
+    EXPECT_TRUE(test::close_to(std::string("rms_norm_rope_into a cache ") + nn::dtype_label(dtype),
+                               cache.narrow(1, 3, L).transpose(1, 2), ref.narrow(2, S, L), tol));
+    EXPECT_TRUE(test::identical("cache rows before", cache.narrow(1, 0, 3), at::full({B, 3, H, Dh}, 7.0, txt.options())));
+    EXPECT_TRUE(test::identical("cache rows after", cache.narrow(1, 3 + L, S + 1),
+                                at::full({B, S + 1, H, Dh}, 7.0, txt.options())));
   }
 }
 
@@ -119,6 +91,46 @@ TEST(FluxFused, GeluTanhIntoIsWithinOneRoundingOfFp64) {
   EXPECT_LE(err.max().item<double>(), (at::gelu(x, "tanh").to(at::kDouble) - truth).abs().max().item<double>());
   EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 0, 3), at::full({2, 9, 3}, 7.0, x.options())));
   EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 103, 4), at::full({2, 9, 4}, 7.0, x.options())));
+}
+
+// fp32: the same loop without the bf16 rounding, within float arithmetic of fp64: 1e-6 of the
+// value, and in the negative tail e^(-2|u|) turns u's float rounding into a relative error of
+// ~|u| ulps (any float formula does), so 1e-6 (1 + |u|).
+TEST(FluxFused, GeluTanhIntoFp32IsWithinFloatArithmeticOfFp64) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  at::Tensor x = at::cat({4 * at::randn({2, 9, 70}, gen), at::linspace(-12, 12, 2 * 9 * 30).view({2, 9, 30})}, 2);
+  at::Tensor buffer = at::full({2, 9, 107}, 7.0, x.options());
+  fused::gelu_tanh_into(x, buffer.narrow(-1, 3, 100));
+  at::Tensor got = buffer.narrow(-1, 3, 100).to(at::kDouble), xd = x.to(at::kDouble);
+  at::Tensor truth = xd * at::sigmoid(2 * 0.79788456080286535588 * (xd + 0.044715 * xd * xd * xd));
+  at::Tensor u = 0.79788456080286535588 * (xd + 0.044715 * xd * xd * xd);
+  const double worst = ((got - truth).abs() / (1e-6 * (1 + u.abs()) * truth.abs() + 1e-30)).max().item<double>();
+  EXPECT_LE(worst, 1.0) << "fp32 gelu_tanh_into: largest error / bound " << worst;
+  EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 0, 3), at::full({2, 9, 3}, 7.0, x.options())));
+  EXPECT_TRUE(test::identical("columns beside the slice", buffer.narrow(-1, 103, 4), at::full({2, 9, 4}, 7.0, x.options())));
+}
+
+// fp32: mean and variance in float in another order than libtorch's layer_norm: within 1e-6 of
+// fp64 at the output's scale, as close as the operators it replaces (within 2x), and within
+// kTolFp32 of them.
+TEST(FluxFused, LayerNormModulateFp32IsWithinFloatArithmeticOfFp64) {
+  c10::InferenceMode guard;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(16);
+  for (int64_t D : {5, 40, 512, 3072}) {
+    at::Tensor x = 2 + 3 * at::randn({2, 7, D}, gen);
+    std::vector<at::Tensor> c = (0.5 * at::randn({2, 3 * D}, gen)).chunk(3, 1);
+    at::Tensor got = fused::layer_norm_modulate(x, c[0], c[1], 1e-6).to(at::kDouble);
+    at::Tensor t = (1 + c[1].unsqueeze(1)).to(at::kDouble), shift = c[0].unsqueeze(1).to(at::kDouble);
+    at::Tensor term = at::layer_norm(x.to(at::kDouble), {D}, {}, {}, 1e-6) * t;
+    const at::Tensor truth = shift + term;
+    EXPECT_TRUE(test::close_to("fp32 layer_norm_modulate vs fp64, D=" + std::to_string(D), got, truth, 1e-6));
+    at::Tensor ops = at::addcmul(c[0].unsqueeze(1), at::layer_norm(x, {D}, {}, {}, 1e-6), 1 + c[1].unsqueeze(1));
+    const double ours = (got - truth).abs().max().item<double>();
+    const double theirs = (ops.to(at::kDouble) - truth).abs().max().item<double>();
+    EXPECT_LE(ours, 2 * theirs) << "D=" << D << ": max |diff| from fp64 " << ours << ", the operators' " << theirs;
+    EXPECT_TRUE(test::close_to("fp32 layer_norm_modulate vs the operators, D=" + std::to_string(D), got, ops, test::kTolFp32));
+  }
 }
 
 TEST(FluxFused, LayerNormModulateIsWithinItsRoundingsOfFp64) {
@@ -180,6 +192,57 @@ TEST(FluxFused, BlocksMatchTheirFp64Operators) {
   });
   expect_block_near_fp64("single block", SingleBlock(D, H, Dh), [&](SingleBlock& b, at::ScalarType dt) {
     return b->forward(at::cat({txt, img}, 1).to(dt), temb.to(dt), rope);
+  });
+}
+
+// Patch pipelining as pipeline/denoise.cpp drives a block: an exact step filling the KV cache,
+// then the next step in three windows (the text with the first), each writing its rows of the
+// cache before attending to all of them. The fused path (fp32, bf16: tiled attention over the
+// cache) against the operator path in fp64: every window's output and the caches at the end.
+TEST(FluxFused, BlocksWithAKvCacheMatchTheirFp64Operators) {
+  c10::InferenceMode guard;
+  const int64_t D = 32, H = 2, Dh = 16, S = 6, L = 12;
+  const RopeTables rope = tables(S, 6, 8, {4, 6, 6});
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(10);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor txt = at::randn({1, S, D}, gen, f64), img = at::randn({1, L, D}, gen, f64);
+  const at::Tensor txt2 = at::randn({1, S, D}, gen, f64), img2 = at::randn({1, L, D}, gen, f64);
+  const at::Tensor temb = at::randn({1, D}, gen, f64);
+  struct Window {
+    int64_t text, first, count;  // text tokens, first image token, image tokens
+    int64_t offset(int64_t S_) const { return text > 0 ? 0 : S_ + first; }
+  };
+  const std::vector<Window> windows = {{S, 0, 4}, {0, 4, 4}, {0, 8, 4}};
+  const auto rows_of = [&](const Window& w) {
+    const int64_t o = w.offset(S), n = w.text + w.count;
+    return RopeTables{rope.cos.narrow(0, o, n), rope.sin.narrow(0, o, n)};
+  };
+  const auto cache = [&](at::ScalarType dt) {
+    return KvCache{at::zeros({1, S + L, H, Dh}, f64.dtype(dt)), at::zeros({1, S + L, H, Dh}, f64.dtype(dt)), 0};
+  };
+  expect_block_near_fp64("double block with a KV cache", DoubleBlock(D, H, Dh), [&](DoubleBlock& b, at::ScalarType dt) {
+    KvCache kv = cache(dt);
+    auto [t, i] = b->forward(txt.to(dt), img.to(dt), temb.to(dt), rope, &kv);
+    std::vector<at::Tensor> out = {t, i};
+    for (const Window& w : windows) {
+      kv.offset = w.offset(S);
+      auto [tw, iw] = b->forward(txt2.narrow(1, 0, w.text).to(dt), img2.narrow(1, w.first, w.count).to(dt), temb.to(dt),
+                                 rows_of(w), &kv);
+      out.insert(out.end(), {tw, iw});
+    }
+    out.insert(out.end(), {kv.k.flatten(2), kv.v.flatten(2)});
+    return at::cat(out, 1);
+  });
+  const at::Tensor x = at::cat({txt, img}, 1), x2 = at::cat({txt2, img2}, 1);
+  expect_block_near_fp64("single block with a KV cache", SingleBlock(D, H, Dh), [&](SingleBlock& b, at::ScalarType dt) {
+    KvCache kv = cache(dt);
+    std::vector<at::Tensor> out = {b->forward(x.to(dt), temb.to(dt), rope, &kv)};
+    for (const Window& w : windows) {
+      kv.offset = w.offset(S);
+      out.push_back(b->forward(x2.narrow(1, kv.offset, w.text + w.count).to(dt), temb.to(dt), rows_of(w), &kv));
+    }
+    out.insert(out.end(), {kv.k.flatten(2), kv.v.flatten(2)});
+    return at::cat(out, 1);
   });
 }
 

@@ -13,13 +13,15 @@ Makes the benchmark model (make-tiny-model --preset bench) and measures, with 1 
 Times are the denoising stage as fluxmpi reports it (start-up, encoding and decoding excluded);
 the configurations take turns --repeat times and each keeps its best time.
 
-  tools/bench/bench.py --patches [--size 512 --steps 28 --repeat 1]   # about 25 min on a quiet machine
+  tools/bench/bench.py --patches [--size 512 --steps 28 --repeat 1] [--runs exact1,m4w1]  # 25 min quiet
 
 measures patch pipelining instead (docs/performance.md): one image, 2 ranks x 1 thread with
 --patches M --warmup-steps W for M = 2, 4, 8 and W = 1, 2, 4 against 1 rank x 1 thread exact (and
 2 ranks exact), then one image with true CFG; the speed-up of each against the 1-rank exact run,
 and its drift from it (fluxmpi-bench-drift: the final latents' relative difference and the decoded
-image's PSNR).
+image's PSNR). --runs keeps only the named runs (tags as in the table: exact1, exact2, m<M>w<W>,
+cfg-exact1, cfg-m4w1; exact1, the reference, always runs), e.g. --runs exact1,m4w1 --repeat 2 for the
+headline number alone (about 5 min).
 """
 import argparse, os, re, shutil, subprocess, sys, time
 
@@ -89,6 +91,17 @@ def patches_bench(a, model):
     patched = [("m%dw%d" % (m, w), 2, ["--patches", str(m), "--warmup-steps", str(w)]) for w in (1, 2, 4) for m in (2, 4, 8)]
     configs = [("exact1", 1, []), ("exact2", 2, [])] + patched[:3] + [("exact1", 1, [])] + patched[3:]
     configs += [("cfg-exact1", 1, cfg), ("cfg-m4w1", 2, cfg + ["--patches", "4", "--warmup-steps", "1"])]
+    if a.runs:
+        keep = set(a.runs.split(",")) | {"exact1"}
+        unknown = keep - {tag for tag, _, _ in configs}
+        if unknown:
+            sys.exit("bench: --runs: no run named %s" % ", ".join(sorted(unknown)))
+        configs = [c for c in configs if c[0] in keep]
+        patched = [c for c in patched if c[0] in keep]
+        if "cfg-m4w1" in keep:
+            keep.add("cfg-exact1")
+            configs = [c for c in configs if c[0] != "cfg-exact1"] + [("cfg-exact1", 1, cfg)]
+            configs.sort(key=lambda c: c[0] == "cfg-m4w1")
     best = {}
     for _ in range(a.repeat):
         for tag, ranks, extra in configs:
@@ -109,10 +122,14 @@ def patches_bench(a, model):
     print("|---|---|---|---|---|---|")
     w = lambda tag: (os.path.join(a.work, tag + ".h5"), os.path.join(a.work, tag + ".png"))
     for tag, ranks, _ in [("exact1", 1, None), ("exact2", 2, None)] + [(t, r, None) for t, r, _ in patched]:
+        if tag not in times:
+            continue
         rel, psnr = drift(a.build, w(tag)[0], w("exact1")[0], w(tag)[1], w("exact1")[1])
         print("| %s | %d | %.2f s | %.3fx | %.3g | %s |" % (tag, ranks, times[tag], times["exact1"] / times[tag], rel,
                                                         "identical" if psnr == float("inf") else "%.2f dB" % psnr))
     for tag, ranks in (("cfg-exact1", 1), ("cfg-m4w1", 2)):
+        if tag not in times or "cfg-exact1" not in times:
+            continue
         rel, psnr = drift(a.build, w(tag)[0], w("cfg-exact1")[0], w(tag)[1], w("cfg-exact1")[1])
         print("| %s (true CFG) | %d | %.2f s | %.3fx | %.3g | %s |" % (tag, ranks, times[tag], times["cfg-exact1"] / times[tag],
                                                                    rel, "identical" if psnr == float("inf") else "%.2f dB" % psnr))
@@ -127,6 +144,7 @@ def main():
     ap.add_argument("--size", type=int, default=None, help="image height and width (256; 512 with --patches)")
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (4; 28 with --patches)")
     ap.add_argument("--patches", action="store_true", help="the patch-pipelining benchmark instead")
+    ap.add_argument("--runs", default="", help="with --patches: only these runs (comma-separated tags; exact1 always)")
     a = ap.parse_args()
     if a.repeat is None:
         a.repeat = 1 if a.patches else 3

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "models/common/tiled_attention.h"
 
 namespace fluxmpi::nn {
 namespace {
@@ -71,9 +72,8 @@ at::Tensor chunked_math_attention(const at::Tensor& q, const at::Tensor& k, cons
 bool sdpa_available() { return TORCH_VERSION_MAJOR >= 2; }
 
 AttentionPath default_attention_path(const at::Tensor& q) {
-  if (!sdpa_available()) return AttentionPath::Math;
-  const bool reduced = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  return q.device().is_cpu() && reduced ? AttentionPath::Math : AttentionPath::Sdpa;
+  if (q.device().is_cpu()) return tiled_attention_applies(q) ? AttentionPath::Tiled : AttentionPath::Math;
+  return sdpa_available() ? AttentionPath::Sdpa : AttentionPath::Math;
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
@@ -92,6 +92,17 @@ at::Tensor attention_via(AttentionPath path, const at::Tensor& q, const at::Tens
 #else
     throw InternalError(str_cat("attention: scaled_dot_product_attention needs libtorch >= 2.0, this is ", TORCH_VERSION));
 #endif
+  }
+  if (path == AttentionPath::Tiled) {
+    FLUX_CHECK(tiled_attention_applies(q), "attention: the tiled path takes CPU fp32 or bf16 tensors, not ", q.scalar_type(),
+               " on ", q.device());
+    // A GEMM operand needs unit-stride rows that do not overlap (not an expanded sequence).
+    auto rows = [](const at::Tensor& t) {
+      return t.stride(3) != 1 || (t.size(2) > 1 && t.stride(2) < t.size(3)) ? t.contiguous() : t;
+    };
+    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+    tiled_attention_into(rows(q), rows(k), rows(v), out, s, bias, causal);
+    return out;
   }
   return chunked_math_attention(q, k, v, bias, s, causal);
 }

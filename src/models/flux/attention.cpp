@@ -1,8 +1,11 @@
 #include "models/flux/attention.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
+#include "models/common/tiled_attention.h"
 #include "models/flux/fused.h"
 
 namespace fluxmpi::flux {
@@ -78,49 +81,72 @@ at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 namespace {
 
-// The joint attention input of the fused path: q, k [B, H, Ntot, Dh] and v stored transposed,
-// [B, H, Dh, Ntot] (the layout whose bf16 matmul accumulates in fp32, see nn::attention).
+// The attention of the fused CPU path. q: this call's N tokens, [B, H, N, Dh]. k, v: the keys and
+// values of the whole sequence, [B, Ntot, H, Dh]: the KV cache's tensors when there is one (this
+// call's rows written at its offset, the other rows as earlier calls left them), else buffers of
+// this call's own (Ntot = N). The same layout either way, so a whole-sequence call gives the
+// same bits with and without a cache.
 struct JointQkv {
-  at::Tensor q, k, vt;
-  JointQkv(int64_t B, int64_t H, int64_t Ntot, int64_t Dh, const at::TensorOptions& o)
-      : q(at::empty({B, H, Ntot, Dh}, o)), k(at::empty({B, H, Ntot, Dh}, o)), vt(at::empty({B, H, Dh, Ntot}, o)) {}
-  // One stream's slice of a projection [B, N, 3 * H * Dh] (q | k | v) at rows row0 .. row0 + N.
-  void add(const at::Tensor& qkv, const nn::RMSNorm& nq, const nn::RMSNorm& nk, const RopeTables& rope, int64_t row0) {
-    const int64_t B = q.size(0), H = q.size(1), Dh = q.size(3), N = qkv.size(1), inner = H * Dh;
-    fused::rms_norm_rope_into(qkv.narrow(-1, 0, inner).view({B, N, H, Dh}), nq->weight, nq->eps, rope, row0, q);
-    fused::rms_norm_rope_into(qkv.narrow(-1, inner, inner).view({B, N, H, Dh}), nk->weight, nk->eps, rope, row0, k);
-    vt.transpose(2, 3).narrow(2, row0, N).copy_(qkv.narrow(-1, 2 * inner, inner).view({B, N, H, Dh}).transpose(1, 2));
+  at::Tensor q, k, v;
+  int64_t offset = 0;
+  JointQkv(int64_t B, int64_t H, int64_t N, int64_t Dh, const at::TensorOptions& o, KvCache* kv)
+      : q(at::empty({B, H, N, Dh}, o)) {
+    if (kv == nullptr) {
+      k = at::empty({B, N, H, Dh}, o);
+      v = at::empty({B, N, H, Dh}, o);
+      return;
+    }
+    FLUX_CHECK(kv->offset >= 0 && kv->offset + N <= kv->k.size(1), "KV cache window [", kv->offset, ", ", kv->offset + N,
+               ") outside its ", kv->k.size(1), " rows");
+    nn::check_shape(kv->k, {B, -1, H, Dh}, "KV cache k [B, Ntot, H, Dh]");
+    FLUX_CHECK(kv->k.is_contiguous() && kv->v.sizes() == kv->k.sizes() && kv->v.is_contiguous() &&
+                   kv->k.scalar_type() == q.scalar_type() && kv->v.scalar_type() == q.scalar_type(),
+               "KV cache: contiguous k and v [B, Ntot, H, Dh] of the run dtype");
+    k = kv->k;
+    v = kv->v;
+    offset = kv->offset;
   }
-  void attend_into(at::Tensor& out) const { fused::attention_into(q, k, vt.transpose(2, 3), out); }
-  // An exact step of patch pipelining: the whole sequence's rotated keys and values also fill the cache.
-  void fill(KvCache* kv) const {
-    if (kv == nullptr) return;
-    const int64_t N = q.size(2);
-    kv->k.narrow(1, kv->offset, N).copy_(k.transpose(1, 2));
-    kv->v.narrow(1, kv->offset, N).copy_(vt.transpose(2, 3).transpose(1, 2));
+  // This call's rows row0 .. row0 + n of one stream: qs, ks, vs [B, n, H, Dh] (slices of a
+  // projection), normalised with nq / nk, rotated with the rope tables' rows row0 ...
+  void add(const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs, const nn::RMSNorm& nq,
+           const nn::RMSNorm& nk, const RopeTables& rope, int64_t row0) {
+    const int64_t n = qs.size(1);
+    fused::rms_norm_rope_into(qs, nq->weight, nq->eps, rope, row0, q.narrow(2, row0, n));
+    fused::rms_norm_rope_into(ks, nk->weight, nk->eps, rope, row0, k.narrow(1, offset + row0, n).transpose(1, 2));
+    v.narrow(1, offset + row0, n).copy_(vs);
+  }
+  // The attention of this call's queries over every row of k, v into out [B, N, H*Dh] (any row
+  // stride, unit last stride).
+  void attend_into(const at::Tensor& out) const {
+    const int64_t B = q.size(0), H = q.size(1), N = q.size(2), Dh = q.size(3);
+    nn::tiled_attention_into(q, k.transpose(1, 2), v.transpose(1, 2), out.view({B, N, H, Dh}).transpose(1, 2),
+                             1.0 / std::sqrt(static_cast<double>(Dh)));
   }
 };
 
-// The fused kernels attend a sequence to itself: they serve calls without a cache and the exact
-// (whole-sequence) calls that fill one; a patch window reads other rows from the cache and takes
-// the reference operators.
-bool fused_covers(const KvCache* kv, int64_t tokens) { return kv == nullptr || tokens == kv->k.size(1); }
-
 }  // namespace
+
+bool FluxAttentionImpl::fused_path(const at::Tensor& x) const {
+  return fused::applies(x) && nn::tiled_attention_applies(x);
+}
 
 std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Tensor& txt, const at::Tensor& img,
                                                                    const RopeTables& rope, KvCache* kv) const {
   // txt: [B, S, D], img: [B, L, D]
   FLUX_CHECK(add_q_proj, "forward_joint on a single-stream attention");
-  const int64_t B = txt.size(0), S = txt.size(1), L = img.size(1);
-  if (fused_weight_.defined() && fused_add_weight_.defined() && fused::applies(img) && fused_covers(kv, S + L)) {
+  const int64_t B = txt.size(0), S = txt.size(1), L = img.size(1), inner = heads * head_dim;
+  if (fused_weight_.defined() && fused_add_weight_.defined() && fused_path(img)) {
     // One pass per tensor from the projections to the attention input, no cat; the attention
     // output lands in [B, S+L, H*Dh] directly.
-    JointQkv j(B, heads, S + L, head_dim, img.options());
-    j.add(at::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, rope, 0);
-    j.add(at::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, rope, S);
-    j.fill(kv);
-    at::Tensor out = at::empty({B, S + L, heads * head_dim}, img.options());
+    JointQkv j(B, heads, S + L, head_dim, img.options(), kv);
+    const auto add = [&](const at::Tensor& qkv, const nn::RMSNorm& nq, const nn::RMSNorm& nk, int64_t row0) {
+      const int64_t n = qkv.size(1);
+      const auto part = [&](int64_t i) { return qkv.narrow(-1, i * inner, inner).view({B, n, heads, head_dim}); };
+      j.add(part(0), part(1), part(2), nq, nk, rope, row0);
+    };
+    add(at::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, 0);
+    add(at::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, S);
+    at::Tensor out = at::empty({B, S + L, inner}, img.options());
     j.attend_into(out);
     return {to_add_out->forward(out.narrow(1, 0, S)), out_proj_->forward(out.narrow(1, S, L))};
   }
@@ -136,7 +162,7 @@ at::Tensor FluxAttentionImpl::attend(const at::Tensor& q, const at::Tensor& k, c
                                      const RopeTables& rope, KvCache* kv) const {
   // q, k, v: [B, N, D] projections of the joint stream
   const int64_t B = q.size(0), N = q.size(1);
-  if (fused::applies(q) && fused_covers(kv, N)) {
+  if (fused_path(q)) {
     at::Tensor out = at::empty({B, N, heads * head_dim}, q.options());
     attend_into(q, k, v, rope, out, kv);
     return out;
@@ -156,16 +182,13 @@ void FluxAttentionImpl::attend_into(const at::Tensor& q, const at::Tensor& k, co
                                     at::Tensor out, KvCache* kv) const {
   const int64_t B = q.size(0), N = q.size(1), inner = heads * head_dim;
   nn::check_shape(out, {B, N, inner}, "attend_into out [B, N, H*Dh]");
-  if (!fused::applies(q) || !fused_covers(kv, N)) {
+  if (!fused_path(q)) {
     out.copy_(attend_reference(q, k, v, rope, kv));
     return;
   }
-  JointQkv j(B, heads, N, head_dim, q.options());
+  JointQkv j(B, heads, N, head_dim, q.options(), kv);
   const auto view = [&](const at::Tensor& t) { return t.view({B, N, heads, head_dim}); };
-  fused::rms_norm_rope_into(view(q), norm_q->weight, norm_q->eps, rope, 0, j.q);
-  fused::rms_norm_rope_into(view(k), norm_k->weight, norm_k->eps, rope, 0, j.k);
-  j.vt.transpose(2, 3).copy_(view(v).transpose(1, 2));
-  j.fill(kv);
+  j.add(view(q), view(k), view(v), norm_q, norm_k, rope, 0);
   j.attend_into(out);
 }
 

@@ -6,8 +6,10 @@
 /// single-stream variant has no output projection (the block's proj_out follows).
 ///
 /// On the CPU in fp32 and bf16 the path from the projections to the attention output runs through
-/// the kernels of flux/fused.h (one pass per tensor, the scores one head at a time); elsewhere
-/// through the operators below (project, rope_attention), which are the reference semantics.
+/// the kernels of flux/fused.h (one pass per tensor from the projection to the attention input)
+/// and the tiled attention (nn::tiled_attention_into: no score matrix), with or without a KV
+/// cache; elsewhere through the operators below (project, rope_attention), which are the
+/// reference semantics.
 ///
 /// After loading, fuse() concatenates projections that read the same input into one matrix, so a
 /// forward does one matmul instead of three; the registered parameters stay (as views into the
@@ -17,6 +19,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include "models/common/layers.h"
+#include "models/flux/modulation.h"
 #include "models/flux/rope.h"
 
 namespace fluxmpi::flux {
@@ -30,6 +33,8 @@ struct KvCache {
   at::Tensor k;        ///< [B, N, H, Dh], RoPE applied
   at::Tensor v;        ///< [B, N, H, Dh]
   int64_t offset = 0;  ///< position of the current call's first token in the sequence
+  /// The block's modulation vectors (AdaNorm::chunks; a double block has two AdaNorms).
+  ModulationCache modulation[2];
 };
 
 class FluxAttentionImpl : public torch::nn::Module {
@@ -63,6 +68,8 @@ class FluxAttentionImpl : public torch::nn::Module {
  private:
   /// [B, N, D] -> q, k, v [B, N, H, Dh], q and k normalised.
   std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x, bool text) const;
+  /// Whether `x` takes the fused CPU path (fp32 or bf16 on the CPU).
+  bool fused_path(const at::Tensor& x) const;
   /// attend() through the reference operators (norms, rope_attention), with or without a cache.
   at::Tensor attend_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
                               KvCache* kv) const;

@@ -21,7 +21,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden) {
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) const {
   at::Tensor h = proj_->forward(x);
-  if (h.device().is_cpu() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.stride(2) == 1) {
+  if (fused::applies(h) && h.dim() == 3 && h.stride(2) == 1) {
     at::Tensor g = at::empty_like(h);
     fused::gelu_tanh_into(h, g);
     return out_->forward(g);
@@ -46,8 +46,9 @@ std::pair<at::Tensor, at::Tensor> DoubleBlockImpl::forward(const at::Tensor& txt
                                                            KvCache* kv) const {
   // txt: [B, S, D], img: [B, L, D], temb: [B, D]
   nn::check_shape(img, {txt.size(0), -1, txt.size(2)}, "double block img [B, L, D]");
-  auto m = norm1->chunks(temb);          // shift, scale, gate (attention), shift, scale, gate (mlp)
-  auto c = norm1_context->chunks(temb);
+  // shift, scale, gate (attention), shift, scale, gate (mlp)
+  auto m = norm1->chunks(temb, kv != nullptr ? &kv->modulation[0] : nullptr);
+  auto c = norm1_context->chunks(temb, kv != nullptr ? &kv->modulation[1] : nullptr);
   auto [txt_attn, img_attn] = attn->forward_joint(modulate(txt, c[0], c[1]), modulate(img, m[0], m[1]), rope, kv);
 
   at::Tensor x = gated_residual(img, m[2], img_attn);

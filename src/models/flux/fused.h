@@ -15,35 +15,25 @@ namespace fluxmpi::flux::fused {
 /// Whether the kernels handle tensors like `t`: CPU, fp32 or bf16.
 bool applies(const at::Tensor& t);
 
-/// q or k of one stream into the joint attention input: for x [B, N, H, Dh] (any strides with a
-/// unit last stride, e.g. a slice of the fused q|k|v projection), writes
+/// q or k of one stream into the attention input: for x [B, N, H, Dh] (any strides with a unit
+/// last stride, e.g. a slice of the fused q|k|v projection), writes
 ///   apply_rope(RMSNorm(x) * weight)          (RMSNormImpl::forward and apply_rope in one pass)
-/// into rows row0 .. row0 + N of out [B, H, Ntot, Dh] (contiguous, x's dtype), with the rope
-/// tables' rows row0 .. row0 + N.
-void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double eps, const RopeTables& rope, int64_t row0,
-                        at::Tensor& out);
+/// with the rope tables' rows rope_row0 .. rope_row0 + N into out [B, H, N, Dh] (x's dtype, any
+/// strides with a unit last stride: rows of a [B, H, Ntot, Dh] buffer, or of a [B, Ntot, H, Dh]
+/// key cache seen through transpose(1, 2)).
+void rms_norm_rope_into(const at::Tensor& x, const at::Tensor& weight, double eps, const RopeTables& rope,
+                        int64_t rope_row0, const at::Tensor& out);
 
-/// softmax(x * scale) over the last dim of a contiguous CPU bf16 tensor, in place: each row's
-/// exponentials in float (relative error below 1e-6, then one rounding to bf16), as libtorch's
-/// bf16 softmax computes in float; a pass over bf16 data where libtorch 1.13 is 2x slower than its
-/// fp32 kernel. scale > 0.
-void softmax_scaled_(at::Tensor& x, double scale);
+/// GELU with the tanh approximation (at::gelu(x, "tanh")) of a CPU fp32 or bf16 x [B, N, C] into
+/// out of the same sizes and dtype (any row strides, unit last stride: out may be a column slice),
+/// computed in float as x sigmoid(2u) and rounded once, as libtorch's kernel rounds (libtorch
+/// 1.13's runs bf16 at half its fp32 speed, and its fp32 one at about a fifth of this loop's).
+void gelu_tanh_into(const at::Tensor& x, const at::Tensor& out);
 
-/// GELU with the tanh approximation (at::gelu(x, "tanh")) of a CPU bf16 x [B, N, C] into out of
-/// the same sizes (any row strides, unit last stride: out may be a column slice), computed in float
-/// and rounded once to bf16, as libtorch's bf16 kernel, which runs at half its fp32 speed.
-void gelu_tanh_into(const at::Tensor& x, at::Tensor& out);
-
-/// LayerNorm(x) * (1 + scale) + shift (no affine, `eps`) for a contiguous CPU bf16 x [B, L, D]
-/// and bf16 shift, scale [B, D] (unit last stride): modulate()'s operators in one pass, rounding
-/// to bf16 where they do (1 + scale, the normed x, the result); mean and variance in float.
+/// LayerNorm(x) * (1 + scale) + shift (no affine, `eps`) for a contiguous CPU fp32 or bf16
+/// x [B, L, D] and shift, scale [B, D] of its dtype (unit last stride): modulate()'s operators
+/// in one pass, rounding to the dtype where they do (1 + scale, the normed x, the result); mean
+/// and variance in float.
 at::Tensor layer_norm_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps);
-
-/// softmax(q k^T * scale) v per (batch, head): q, k [B, H, N, Dh] contiguous, v [B, H, N, Dh]
-/// (any strides), written into out [B, N, H*Dh] (any row stride, unit last stride), head h at
-/// columns h*Dh .. (h+1)*Dh; out may be a column slice of a larger buffer. fp32: one head's
-/// scores at a time ([N, N], reused), the scale applied by the matmul; bf16: batched over chunks
-/// of heads of at most nn::kAttentionChunkBytes of scores.
-void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out);
 
 }  // namespace fluxmpi::flux::fused

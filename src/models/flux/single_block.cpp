@@ -21,7 +21,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
                                     KvCache* kv) const {
   // x: [B, N, D] with N = S + L, temb: [B, D]
   nn::check_shape(x, {temb.size(0), rope.cos.size(0), dim}, "single block x [B, S+L, D]");
-  auto m = norm->chunks(temb);  // shift, scale, gate
+  auto m = norm->chunks(temb, kv != nullptr ? &kv->modulation[0] : nullptr);  // shift, scale, gate
   at::Tensor h = modulate(x, m[0], m[1]);
   const int64_t inner = attn->heads * attn->head_dim;
   if (fused_weight_.defined() && fused::applies(x)) {
@@ -30,9 +30,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
     at::Tensor both = at::empty({x.size(0), x.size(1), inner + mlp_dim}, x.options());
     attn->attend_into(all.narrow(-1, 0, inner), all.narrow(-1, inner, inner), all.narrow(-1, 2 * inner, inner), rope,
                       both.narrow(-1, 0, inner), kv);
-    at::Tensor g = both.narrow(-1, inner, mlp_dim);
-    if (x.scalar_type() == at::kBFloat16) fused::gelu_tanh_into(all.narrow(-1, 3 * inner, mlp_dim), g);
-    else at::gelu_out(g, all.narrow(-1, 3 * inner, mlp_dim), "tanh");
+    fused::gelu_tanh_into(all.narrow(-1, 3 * inner, mlp_dim), both.narrow(-1, inner, mlp_dim));
     return clip_fp16(gated_residual(x, m[2], proj_out->forward(both)));
   }
   at::Tensor q, k, v, mlp;

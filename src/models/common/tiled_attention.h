@@ -1,0 +1,40 @@
+#pragma once
+/// Attention on the CPU in tiles with an online softmax (the flash-attention scheme): for each
+/// block of kTileQueries queries of one (batch, head), the keys are visited kTileKeys at a time;
+/// a tile's scores q k^T (one GEMM) are turned into exponentials against the running row maximum,
+/// the output rows accumulated so far are rescaled when the maximum grows, and the tile's
+/// exponentials times its values are added (a second GEMM). At the end each row is divided by its
+/// sum of exponentials. The [B, H, Lq, Lk] score matrix is never formed: a thread holds one
+/// [kTileQueries, kTileKeys] tile, in cache.
+///
+/// Arithmetic: fp32 inputs in fp32 throughout. bf16 inputs: the scores, exponentials, sums and
+/// the output rows in fp32 (the GEMMs take bf16 operands and accumulate in fp32); the
+/// exponentials are rounded to bf16 to enter the second GEMM, and the output once at the end.
+///
+/// Determinism: every (batch, head, query block) is one task with its own buffers, its sums in a
+/// fixed order, and the GEMMs run on the task's thread; so the result does not depend on the
+/// thread count or on which thread runs a task, and a query row's result depends on the row's
+/// position in its block of kTileQueries, never on other rows' values. Equal shapes give equal
+/// bits.
+
+#include <ATen/ATen.h>
+
+namespace fluxmpi::nn {
+
+/// Queries and keys per tile.
+inline constexpr int64_t kTileQueries = 64;
+inline constexpr int64_t kTileKeys = 512;
+
+/// Whether tiled_attention_into() handles tensors like `q`: CPU, fp32 or bf16.
+bool tiled_attention_applies(const at::Tensor& q);
+
+/// out = softmax(q k^T * scale + bias) v, with `causal` masking key j > query i (the top-left
+/// alignment of nn::attention). q: [B, H, Lq, Dh], k: [B, H, Lk, Dh], v: [B, H, Lk, Dv],
+/// out: [B, H, Lq, Dv], all of one dtype (fp32 or bf16) with any strides and a unit last stride
+/// (e.g. [B, L, H, Dh] buffers seen through transpose(1, 2)); `bias` (any float dtype) must
+/// broadcast to [B, H, Lq, Lk]. Lk > 0. A row whose every score is -inf comes out NaN, as
+/// softmax gives it.
+void tiled_attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                          double scale, const at::Tensor& bias = {}, bool causal = false);
+
+}  // namespace fluxmpi::nn
