@@ -195,7 +195,7 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
 
   if (c.dry_run) {
     out.output = job_text(c, dir, run.geometry, request.images, cfg, *run.stages) +
-                 (text_plan ? text_plan->table() + "\n" : std::string()) + run.stages->table();
+                 (text_plan ? text_plan->table() + "\n" : std::string()) + run.pipelines_text + run.stages->table();
     out.dry_run_plan = run.stages;
     return out;
   }

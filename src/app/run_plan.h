@@ -9,6 +9,7 @@
 
 #include "io/lora_file.h"
 #include "io/model_dir.h"
+#include "models/flux/latents.h"
 #include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
@@ -36,7 +37,17 @@ struct RunPlan {
   int64_t patches = 1;
   int64_t warmup_steps = 1;
   std::vector<pipeline::WorkGroup> groups;
-  std::vector<parallel::BlockRange> ranges;  ///< blocks of each rank
+  /// `--stages`: ranks per pipeline S (P/S pipelines); `ranges` are the S slices every pipeline runs.
+  int stages = 1;
+  int world_size = 1;
+  std::vector<parallel::BlockRange> ranges;  ///< blocks of each stage (rank of a pipeline)
+  /// What a pipeline leader needs to decode its images and to send their rows to rank 0.
+  flux::LatentGeometry geometry;
+  bool vae_tiling = false;
+  bool vae_slicing = false;
+  int64_t microbatch = 1;
+  bool checkpoint = false;        ///< world rank 0 writes a checkpoint file
+  int64_t checkpoint_every = 1;
   std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns
 };
 

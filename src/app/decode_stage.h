@@ -1,0 +1,27 @@
+#pragma once
+/// Stage 3 on a pipeline leader (world rank 0 with one pipeline): the VAE decodes the leader's
+/// images after its denoising loop, once its transformer slice is freed (stage-wise memory: the
+/// decoder and the slice are never resident together), a microbatch of images per decoder call
+/// (one at a time with --vae-slicing, in tiles with --vae-tiling or when the plan switched tiling
+/// on).
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <vector>
+
+#include "app/run_plan.h"
+#include "io/model_dir.h"
+#include "io/png.h"
+
+namespace fluxmpi::app {
+
+/// Decodes `images` (job indices, in the order given) from `latents_of(i)` ([1, L, 4C] packed),
+/// `plan.microbatch` at a time, and hands each picture to `done`; `between` runs after each batch
+/// (rank 0 serves the other leaders there). Returns false when `images` is empty (no decoder was
+/// loaded).
+bool decode_images(const io::ModelDir& dir, const RunPlan& plan, at::ScalarType dtype, at::Device device,
+                   const std::vector<int64_t>& images, const std::function<at::Tensor(int64_t)>& latents_of,
+                   const std::function<void(int64_t, const io::RgbImage&)>& done, const std::function<void()>& between = {});
+
+}  // namespace fluxmpi::app
