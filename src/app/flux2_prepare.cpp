@@ -4,6 +4,7 @@
 
 #include "app/defaults.h"
 #include "app/flux2_checks.h"
+#include "app/predict.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "parallel/text_split.h"
@@ -194,6 +195,7 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
   make_stage_plan(run, request, checkpoint);
 
   if (c.dry_run) {
+    if (!c.predict.empty()) predict_job(run, *run.stages, request.images, cfg ? 2 : 1);  // a UsageError: not modelled
     out.output = job_text(c, dir, run.geometry, request.images, cfg, *run.stages) +
                  (text_plan ? text_plan->table() + "\n" : std::string()) + run.pipelines_text + run.stages->table();
     out.dry_run_plan = run.stages;

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "app/decode_helper.h"
 #include "app/decode_stage.h"
 #include "app/image_inputs.h"
 #include "app/leader_channel.h"
@@ -159,6 +160,10 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
     const double blocked = messenger->blocked_seconds();
     messenger.reset();
     log::debug(denoise_text(seconds_since(t0), blocked), "; peak RSS ", format_bytes(peak_rss_bytes()));
+    if (helps_decode(plan, stage)) {
+      part = nullptr;  // its blocks are done: the slice goes before the VAE decoder comes
+      help_decode(plan, comms.pipeline, dtype, device);
+    }
     return;
   }
 
@@ -224,7 +229,7 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
     std::sort(mine.begin(), mine.end());
     keep_finals();
     part = nullptr;  // stage-wise memory: the transformer slice goes before the VAE comes
-    decode_images(io::ModelDir(plan.sources), plan, dtype, device, mine, final_latents,
+    decode_images(io::ModelDir(plan.sources), plan, comms.pipeline, dtype, device, mine, final_latents,
                   [&](int64_t i, const io::RgbImage& pixels) { sender.send_image(i, pixels); });
     sender.finish();
     counter->close();
@@ -278,7 +283,7 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
   keep_finals();
   part = nullptr;  // stage-wise memory: the transformer slice goes before the VAE comes
   const auto t_decode = Clock::now();
-  if (decode_images(*run.model, plan, dtype, device, mine, final_latents, store, serve))
+  if (decode_images(*run.model, plan, comms.pipeline, dtype, device, mine, final_latents, store, serve))
     root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});
   if (inbox) {
     const auto t_wait = Clock::now();

@@ -151,6 +151,9 @@ const Spec kSpecs[] = {
     {"config", 0, Group::General, Kind::Text, "FILE.ini", nullptr, "read options from an INI file (the command line wins)", true},
     {"dry-run", 0, Group::General, Kind::Flag, nullptr, nullptr,
      "print the job and the partition plan and exit; checks every component's weight headers, reads no weights", false},
+    {"predict", 0, Group::General, Kind::Text, "PROFILE.json", nullptr,
+     "with --dry-run: also print the schedule model's prediction for the job (images/hour, one image's latency, each "
+     "rank's idle share) from a tools/sim profile; runs python3", false},
     {"log-level", 0, Group::General, Kind::Text, "LEVEL", "info", "error | warn | info | debug", false},
     {"help", 'h', Group::General, Kind::Flag, nullptr, nullptr, "print this help and exit", true},
     {"version", 0, Group::General, Kind::Flag, nullptr, nullptr, "print the version and exit", true},
@@ -586,6 +589,9 @@ RunConfig validate(const Settings& s) {
   c.checkpoint_every = *s.integer("checkpoint-every", 1, kNoMax);
   c.no_progress = s.flag("no-progress");
   c.dry_run = s.flag("dry-run");
+  c.predict = s.text("predict");
+  if (s.has("predict") && c.predict.empty()) s.fail("predict", "must name a profile (e.g. tools/sim/profiles/local-cpu.json)");
+  if (!c.predict.empty() && !c.dry_run) s.fail("predict", "needs --dry-run (the prediction is for the job a dry run describes)");
 
   check_model(s, c);
   check_loras(s, c);

@@ -4,6 +4,7 @@
 #include "app/flux2_prepare.h"
 #include "app/model_sources.h"
 #include "app/options.h"
+#include "app/predict.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "models/common/attention.h"
@@ -230,6 +231,7 @@ RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
   plan.warmup_steps = c.warmup_steps;
   plan.groups = make_groups(run.progress, plan.steps, c.microbatch);
   for (int r = 0; r < world_size; ++r) plan.ranges.push_back({run.stages->blocks(r).first, run.stages->blocks(r).last});
+  plan.decode_ranks = run.stages->decode_ranks();
   return plan;
 }
 
@@ -374,6 +376,8 @@ Preparation prepare_pipeline(PreparedRun run, int world_size) {
     out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
                  dir.describe_sources() + run.pipelines_text +
                  run.stages->table() + lora_table(run.loras, *run.stages);
+    if (!c.predict.empty())
+      out.output += predict(predict_job(run, *run.stages, request.images, c.true_cfg_enabled() ? 2 : 1));
     out.dry_run_plan = run.stages;
     return out;
   }
@@ -400,6 +404,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size, co
   run.config = parsed.config;
   const parallel::PipelineLayout layout = parallel::PipelineLayout::make(world_size, static_cast<int>(run.config.stages));
   if (run.config.stages != 0) run.pipelines_text = layout.table(hosts);
+  run.world_size = world_size;
   Preparation out = prepare_pipeline(std::move(run), layout.stages());
   if (out.run) out.run->plan.world_size = world_size;
   return out;

@@ -42,6 +42,8 @@ struct PreparedRun {
   JobInputs inputs;  ///< the mode and the decoded input images (every image of the job)
   /// --dry-run with --stages: the pipelines, their ranks and hosts (printed above the plan).
   std::string pipelines_text;
+  /// The job's ranks P; `stages` and `plan` are one pipeline's S ranks (--stages; S = P without).
+  int world_size = 1;
 
   bool any_encoding() const;
 };

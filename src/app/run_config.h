@@ -92,6 +92,7 @@ struct RunConfig {
 
   // General.
   bool dry_run = false;
+  std::string predict;  ///< --predict PROFILE.json (with --dry-run): the schedule model's prediction
   log::Level log_level = log::Level::Info;
   std::string config_file;    ///< the --config INI file read; empty = none
 

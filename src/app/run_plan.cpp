@@ -38,6 +38,7 @@ std::string to_json(const RunPlan& p) {
   j["geometry"] = {g.height, g.width, g.latent_height, g.latent_width, g.channels};
   j["decode"] = {p.vae_tiling, p.vae_slicing, p.microbatch};
   j["checkpoint"] = {p.checkpoint, p.checkpoint_every};
+  j["decode_ranks"] = p.decode_ranks;
   j["loras"] = nlohmann::json::parse(io::loras_to_json(p.loras));
   return j.dump();
 }
@@ -82,6 +83,7 @@ RunPlan run_plan_from_json(const std::string& text) {
     p.microbatch = j.at("decode").at(2).get<int64_t>();
     p.checkpoint = j.at("checkpoint").at(0).get<bool>();
     p.checkpoint_every = j.at("checkpoint").at(1).get<int64_t>();
+    p.decode_ranks = j.at("decode_ranks").get<std::vector<int>>();
     auto loras = io::loras_from_json(j.at("loras").dump());
     if (!loras) throw CommError("malformed run plan from rank 0: 'loras'");
     p.loras = std::move(*loras);

@@ -48,6 +48,9 @@ struct RunPlan {
   int64_t microbatch = 1;
   bool checkpoint = false;        ///< world rank 0 writes a checkpoint file
   int64_t checkpoint_every = 1;
+  /// The ranks of a pipeline that decode VAE tiles (parallel::StagePlan::decode_ranks; ranks of the
+  /// pipeline's communicator), its leader first; one rank (or none): the leader decodes alone.
+  std::vector<int> decode_ranks;
   std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns
 };
 

@@ -8,6 +8,8 @@
 ///      rank 0 writing the checkpoint rows; a failure on any rank from here on ends the job
 ///      through MPI_Abort;
 ///   4. rank 0 (each pipeline leader) loads the VAE and decodes its images; rank 0 writes the PNGs.
+///      Tiled on several ranks, the other decode ranks of the leader's pipeline free their slice
+///      and decode tiles for it (app/decode_helper.h).
 
 #include <string>
 #include <vector>

@@ -47,7 +47,7 @@ std::optional<at::ScalarType> dtype_of_code(int64_t code) {
   }
 }
 
-bool known_kind(int64_t kind) { return kind >= 1 && kind <= 9; }
+bool known_kind(int64_t kind) { return kind >= 1 && kind <= 11; }
 
 bool mpi_is_cuda_aware() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -80,6 +80,8 @@ const char* message_kind_name(MessageKind kind) {
     case MessageKind::NoisePred: return "NoisePred";
     case MessageKind::TextHidden: return "TextHidden";
     case MessageKind::TextStates: return "TextStates";
+    case MessageKind::DecodeLatents: return "DecodeLatents";
+    case MessageKind::DecodedTile: return "DecodedTile";
     case MessageKind::End: return "End";
     case MessageKind::StepRow: return "StepRow";
     case MessageKind::ImagePixels: return "ImagePixels";
@@ -329,6 +331,19 @@ void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Ten
   const MessageHeader actual = recv_header(source);
   check_header(expected, actual, world_rank(source), world_rank(comm_.rank()));
   recv_payload(source, actual, buffers);
+}
+
+std::vector<at::Tensor> Messenger::recv_any_shape(int source, const MessageTag& tag, at::Device device) {
+  const MessageHeader actual = recv_header(source);
+  // The tag as expected, the tensors as sent.
+  MessageHeader expected = actual;
+  expected.tag = tag;
+  check_header(expected, actual, world_rank(source), world_rank(comm_.rank()));
+  std::vector<at::Tensor> buffers;
+  for (const TensorSpec& t : actual.tensors)
+    buffers.push_back(at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(device)));
+  recv_payload(source, actual, buffers);
+  return buffers;
 }
 
 MessageHeader Messenger::recv_header(int source) {

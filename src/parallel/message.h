@@ -37,20 +37,25 @@ enum class MessageKind : int32_t {
   /// From a slice after the first back to rank 0: the requested hidden states it produced,
   /// stacked [n, B, S, H] in ascending layer order.
   TextStates = 5,
+  /// The tiled decode spread over a pipeline (pipeline/tile_decode.h), from the leader to a
+  /// helper: one pass's VAE input [B, latent_channels, h, w] (B = 0: no more passes).
+  DecodeLatents = 6,
+  /// Back to the leader: one decoded tile [B, out_channels, th * s, tw * s] (step = the tile).
+  DecodedTile = 7,
   /// A pipeline leader to the next rank of its pipeline, passed on to the last: no more work
   /// (`--stages`, dynamic hand-out; an empty [0] tensor).
-  End = 6,
+  End = 8,
   /// A pipeline leader to world rank 0, the checkpoint writer (pipeline/leader_channel.h): a
   /// group's step, with its latents and noise prediction [m, L_img, C] when the row is stored (else
   /// an empty [0] tensor).
-  StepRow = 7,
+  StepRow = 9,
   /// A pipeline leader to world rank 0: one decoded image, uint8 [H, W, 3].
-  ImagePixels = 8,
+  ImagePixels = 10,
   /// A pipeline leader to world rank 0: all of its rows and images are sent (an empty [0] tensor).
-  LeaderDone = 9,
+  LeaderDone = 11,
 };
-/// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates" | "End" | "StepRow" |
-/// "ImagePixels" | "LeaderDone"
+/// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates" | "DecodeLatents" |
+/// "DecodedTile" | "End" | "StepRow" | "ImagePixels" | "LeaderDone"
 const char* message_kind_name(MessageKind kind);
 
 /// Which image, step and pass a message belongs to.
@@ -156,6 +161,10 @@ class Messenger {
   /// Receives the next message from `source` (blocking): its header must equal `expected`; the
   /// tensors are allocated contiguous on `device`.
   std::vector<at::Tensor> recv(int source, const MessageHeader& expected, at::Device device);
+  /// Receives the next message from `source` (blocking) whose tag must equal `tag` but whose
+  /// dtypes and shapes the sender chose (the caller checks them): for a receiver that cannot know
+  /// the sizes beforehand, as a decode helper learns each pass's batch from its latents.
+  std::vector<at::Tensor> recv_any_shape(int source, const MessageTag& tag, at::Device device);
   /// Receives into caller-owned contiguous buffers, reused across steps; their dtypes and shapes
   /// together with `tag` are the expected header.
   void recv_into(int source, const MessageTag& tag, std::vector<at::Tensor>& buffers);

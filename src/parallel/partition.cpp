@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "parallel/decode_plan.h"
 #include "parallel/param_formulas.h"
 #include "parallel/plan_text.h"
 
@@ -37,20 +38,6 @@ std::string group_digits(int64_t n) {
 }
 
 uint64_t to_bytes(int64_t elements, int64_t dtype_bytes) { return static_cast<uint64_t>(elements * dtype_bytes); }
-
-// diffusers AutoencoderKL's tile geometry (tile_sample_min_size = sample_size, tile_latent_min_size
-// = int(sample_size / 2^(levels - 1)), tiles every int(tile_latent_min_size * (1 - overlap))).
-struct VaeTiles {
-  int64_t sample_tile = 0, latent_tile = 0, stride = 1;
-  bool applies(int64_t h, int64_t w) const { return h > latent_tile || w > latent_tile; }
-};
-VaeTiles vae_tiles(const io::VaeConfig& v) {
-  VaeTiles t;
-  t.sample_tile = v.sample_size;
-  t.latent_tile = static_cast<int64_t>(static_cast<double>(v.sample_size) / static_cast<double>(v.scale_factor()));
-  t.stride = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(t.latent_tile) * (1.0 - kVaeTileOverlap)));
-  return t;
-}
 
 // Everything the estimates of one plan need, computed once from the request.
 class CostModel {
@@ -85,7 +72,7 @@ class CostModel {
     encoder_activation_bytes_ = text_activations();
     if (r.vae) {
       vae_weight_bytes_ = to_bytes(count_vae_decoder_params(*r.vae), r.dtype_bytes);
-      vae_activation_bytes_ = vae_activations(*r.vae, r.vae_tiling);
+      vae_activation_bytes_ = vae_decode_activation_bytes(decode_shape(), r.vae_tiling);
     }
     job_bytes_ = job_buffers();
   }
@@ -203,50 +190,17 @@ class CostModel {
     return static_cast<uint64_t>(2 * r_.images * (text + latents) * r_.dtype_bytes);
   }
 
-  // The largest activation of the decoder (channels x area at some level) times the tensors
-  // alive at once, plus the mid-block attention's score chunks; a pass decodes a microbatch
-  // group at once unless sliced.
-  // Tiled, a pass covers one tile, and the decoded tiles of two rows and the output image stay.
-  uint64_t vae_activations(const io::VaeConfig& v, bool tiled) const {
-    const int64_t b = r_.dtype_bytes;
-    int64_t h = 0, w = 0;
-    latent_size(&h, &w);
-    uint64_t kept = 0;
-    const VaeTiles t = vae_tiles(v);
-    if (tiled && t.applies(h, w)) {
-      const int64_t cols = (w + t.stride - 1) / t.stride;
-      const int64_t tile_pixels = t.sample_tile * t.sample_tile * v.out_channels * b;
-      const int64_t image_pixels = h * w * v.scale_factor() * v.scale_factor() * v.out_channels * b;
-      kept = static_cast<uint64_t>((2 * cols + 1) * tile_pixels + 2 * image_pixels);
-      h = std::min(h, t.latent_tile);
-      w = std::min(w, t.latent_tile);
-    }
-    const int64_t latent_area = h * w;
-    std::vector<int64_t> channels(v.block_out_channels.rbegin(), v.block_out_channels.rend());
-    int64_t largest = channels.front() * latent_area;
-    int64_t area = latent_area;
-    for (size_t i = 0; i < channels.size(); ++i) {
-      const int64_t in = i == 0 ? channels.front() : channels[i - 1];
-      largest = std::max(largest, std::max(in, channels[i]) * area);
-      if (i + 1 < channels.size()) {
-        area *= 4;  // the upsampler doubles both sides
-        largest = std::max(largest, channels[i] * area);
-      }
-    }
-    const int64_t batch = r_.vae_slicing ? 1 : r_.microbatch;
-    uint64_t bytes = (static_cast<uint64_t>(kVaeLiveTensors * largest * b) + kept) * static_cast<uint64_t>(batch);
-    if (v.mid_block_add_attention) {
-      // The mid-block attention (one head) splits its query rows so that a [rows, L] score chunk
-      // of the batch stays within the chunk limit (models/vae/mid_block_attention.cpp).
-      const int64_t L = latent_area, row = batch * L * b;
-      int64_t rows = L;
-      if (r_.attention_chunk_bytes > 0) rows = std::min(L, std::max<int64_t>(1, r_.attention_chunk_bytes / row));
-      bytes += static_cast<uint64_t>(kScoreTensors * rows * row);
-    }
-    return bytes;
+ public:
+  VaeDecodeShape decode_shape() const {
+    VaeDecodeShape d;
+    d.vae = *r_.vae;
+    latent_size(&d.latent_height, &d.latent_width);
+    d.batch = r_.vae_slicing ? 1 : r_.microbatch;
+    d.dtype_bytes = r_.dtype_bytes;
+    d.attention_chunk_bytes = r_.attention_chunk_bytes;
+    return d;
   }
 
- public:
   void latent_size(int64_t* h, int64_t* w) const {
     if (r_.latent_height > 0 && r_.latent_width > 0) {
       *h = r_.latent_height;
@@ -267,9 +221,7 @@ class CostModel {
   int64_t tile_count() const {
     int64_t h = 0, w = 0;
     latent_size(&h, &w);
-    const VaeTiles t = vae_tiles(*r_.vae);
-    if (!t.applies(h, w)) return 1;
-    return ((h + t.stride - 1) / t.stride) * ((w + t.stride - 1) / t.stride);
+    return vae_tiles(*r_.vae).count(h, w);
   }
 
  private:
@@ -517,6 +469,20 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
                                e.peak_stage, "), above its --max-memory budget of ", format_bytes(budget_of(rank))));
   }
 
+  if (r.vae) {
+    // Helpers decode once their blocks are freed: the runtime, the decoder and their tiles.
+    plan.decode_ = plan_decode(model.decode_shape(), r.vae_tiling, P, kRuntimeBaselineBytes + model.vae_weight_bytes(),
+                               r.max_memory);
+    for (const auto& [rank, bytes] : plan.decode_.helper_bytes) {
+      StageEstimate& e = plan.estimates_[rank];
+      e.decode_bytes = bytes;
+      if (bytes > e.peak_bytes) {
+        e.peak_bytes = bytes;
+        e.peak_stage = "decode";
+      }
+    }
+  }
+
   std::ostringstream s;
   s << "FLUX transformer: " << plan.num_double_ << " double + " << plan.num_single_ << " single blocks, "
     << group_digits(plan.params_.total) << " parameters (" << format_bytes(to_bytes(plan.params_.total, r.dtype_bytes))
@@ -539,10 +505,11 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
       if (r.vae_tiling)
         how = str_cat(", tiled: ", model.tile_count(), " tiles", auto_tiling ? ", switched on to fit the budget" : "");
       if (r.vae_slicing && r.microbatch > 1) how += ", sliced";
+      if (plan.decode_.spread()) how += str_cat(", spread over ", plan.decode_.ranks.size(), " ranks");
       stages += str_cat(", decode ", format_bytes(e0.decode_bytes), " (VAE decoder ", format_bytes(model.vae_weight_bytes()),
                         " + activations ", format_bytes(model.vae_activation_bytes()), how, ")");
     }
-    stages += "\n";
+    stages += "\n" + plan.decode_.describe(r.max_memory);
     if (r.images > 0)
       stages += str_cat("rank 0 buffers: ", r.images, " image", r.images == 1 ? "" : "s", " x ",
                         format_bytes(model.job_bytes() / static_cast<uint64_t>(r.images)),

@@ -13,6 +13,7 @@
 
 #include "io/configs.h"
 #include "io/flux2_configs.h"
+#include "parallel/decode_plan.h"
 
 namespace fluxmpi::parallel {
 
@@ -120,7 +121,7 @@ struct StageEstimate {
   uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations + KV buffers
   uint64_t encode_bytes = 0;      ///< rank 0 while encoding prompts; 0 elsewhere
   uint64_t image_encode_bytes = 0;  ///< rank 0 while the VAE encodes input images; 0 elsewhere
-  uint64_t decode_bytes = 0;      ///< rank 0 while decoding latents; 0 elsewhere
+  uint64_t decode_bytes = 0;      ///< while decoding: rank 0, and the decode helpers (their slice freed); else 0
   uint64_t job_bytes = 0;         ///< rank 0: per-image buffers of the whole job (text embeddings, latents)
   uint64_t peak_bytes = 0;        ///< max over this rank's stages
   const char* peak_stage = "denoise";  ///< "encode" | "encode images" | "denoise" | "decode"
@@ -216,6 +217,9 @@ class StagePlan {
   bool vae_tiling() const { return vae_tiling_; }
   /// Tiling was switched on by the planner, not asked for.
   bool vae_tiling_auto() const { return vae_tiling_auto_; }
+  /// Which ranks decode the VAE tiles (parallel/decode_plan.h): {0} unless tiles are spread.
+  const std::vector<int>& decode_ranks() const { return decode_.ranks; }
+  const DecodePlan& decode_plan() const { return decode_; }
   /// The transformer's parameter counts the plan was made from.
   const TransformerParamCounts& params() const { return params_; }
   /// The `--dry-run` table: a summary line, then one row per rank (blocks, weights, FLOPs share,
@@ -236,6 +240,7 @@ class StagePlan {
   bool overridden_ = false;
   bool vae_tiling_ = false;
   bool vae_tiling_auto_ = false;
+  DecodePlan decode_;
   std::string header_;  ///< summary lines above the rows
   std::string footer_;  ///< rank 0's stages below them
 };

@@ -155,6 +155,7 @@ void write_tiny_model(const std::string& out_dir, const TinyModelSpec& s) {
   vc.block_out_channels = s.vae_channels;
   vc.latent_channels = tc.latent_channels();
   vc.norm_num_groups = s.vae_groups;
+  vc.sample_size = s.vae_sample_size;
   vc.scaling_factor = 0.3611;
   vc.shift_factor = 0.1159;
   vc.use_post_quant_conv = false;

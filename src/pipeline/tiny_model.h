@@ -29,6 +29,7 @@ struct TinyModelSpec {
   // VAE decoder.
   std::vector<int64_t> vae_channels = {16, 16, 32, 32};
   int64_t vae_groups = 8;
+  int64_t vae_sample_size = 32;  ///< config sample_size: the tile of tiled decoding, in pixels
   std::string corpus;           ///< training text; empty: the corpus shipped with fluxmpi
 };
 

@@ -74,5 +74,25 @@ TEST(MessageMismatch, WrongDtypeOrShape) {
   if (env().rank() == last) EXPECT_NE(s.find("got JointStream(image 0, step 1, pass 0, fp32 [1, 7, 8])"), std::string::npos) << s;
 }
 
+// recv_any_shape takes the sender's shapes but not another tag: a decoded tile of the wrong pass.
+TEST(MessageMismatch, AnyShapeStillChecksTheTag) {
+  const int last = env().size() - 1;
+  Messenger messenger(env());
+  std::string error;
+  if (env().rank() == 0) messenger.send(last, MessageTag{MessageKind::DecodedTile, 1, 4, 0}, {at::zeros({1, 3, 4, 4})});
+  if (env().rank() == last) {
+    try {
+      messenger.recv_any_shape(0, MessageTag{MessageKind::DecodedTile, 0, 4, 0}, at::kCPU);
+      error = "(no CommError)";
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, str_cat("rank ", last, " expected DecodedTile(image 0, step 4, pass 0, fp32 [1, 3, 4, 4]) from rank 0, ",
+                             "got DecodedTile(image 1, step 4, pass 0, fp32 [1, 3, 4, 4])"));
+  }
+  messenger.wait_all();
+  env().barrier();
+}
+
 }  // namespace
 }  // namespace fluxmpi::parallel

@@ -82,6 +82,26 @@ TEST(MessageRoundTrip, MultiTensorMessages) {
   env().barrier();
 }
 
+// A receiver that cannot know the sizes (a decode helper learning each pass's batch) takes the
+// sender's shapes and dtypes, and an empty batch travels too (message_errors_test: the tag is
+// still checked).
+TEST(MessageRoundTrip, ShapesChosenByTheSender) {
+  Messenger messenger(env());
+  const std::vector<std::vector<int64_t>> shapes = {{2, 4, 7, 10}, {0, 4, 7, 10}};
+  for (int64_t pass = 0; pass < 2; ++pass) {
+    const MessageTag tag{MessageKind::DecodeLatents, pass, 0, 0};
+    messenger.send(next_rank(), tag, {payload(env().rank(), 0, pass, 0, shapes[pass], at::kBFloat16)});
+    std::vector<at::Tensor> got = messenger.recv_any_shape(prev_rank(), tag, at::kCPU);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].scalar_type(), at::kBFloat16);
+    EXPECT_EQ(got[0].sizes().vec(), shapes[pass]);
+    EXPECT_TRUE(test::identical(str_cat("DecodeLatents of pass ", pass), got[0],
+                                payload(prev_rank(), 0, pass, 0, shapes[pass], at::kBFloat16)));
+  }
+  messenger.wait_all();
+  env().barrier();
+}
+
 // The protocol of one denoising step (DESIGN.md §3): rank 0 -> ... -> last rank -> rank 0, for
 // several images and steps; each rank adds its own contribution, receive buffers are reused, and
 // at most two sends are in flight per rank.

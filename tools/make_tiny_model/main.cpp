@@ -1,6 +1,7 @@
 // make-tiny-model: writes a random-weight FLUX pipeline folder in the diffusers layout.
 //   make-tiny-model --out demo/tiny-flux [--preset tiny|bench] [--variant dev|schnell] [--seed S]
 //                   [--dtype fp32|bf16] [--heads H] [--head-dim D] [--double N] [--single M] [--shards K]
+//                   [--vae-channels C,C,...] [--vae-groups G] [--vae-sample-size PIXELS]
 #include <boost/program_options.hpp>
 
 #include <iostream>
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
         "double", po::value<int64_t>(), "double-stream blocks")("single", po::value<int64_t>(), "single-stream blocks")(
         "shards", po::value<int64_t>(), "transformer weight files")(
         "vae-channels", po::value<std::string>(), "VAE block_out_channels, e.g. 128,256,512,512 (FLUX.1's real VAE)")(
-        "vae-groups", po::value<int64_t>(), "VAE norm_num_groups (FLUX.1: 32)")("corpus", po::value<std::string>(), "tokenizer training text");
+        "vae-groups", po::value<int64_t>(), "VAE norm_num_groups (FLUX.1: 32)")(
+        "vae-sample-size", po::value<int64_t>(), "VAE sample_size: the tile of tiled decoding in pixels (FLUX.1: 1024)")("corpus", po::value<std::string>(), "tokenizer training text");
     po::variables_map vm;
     try {
       po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -60,6 +62,8 @@ int main(int argc, char** argv) {
       }
     }
     if (vm.count("vae-groups")) spec.vae_groups = vm["vae-groups"].as<int64_t>();
+    if (vm.count("vae-sample-size")) spec.vae_sample_size = vm["vae-sample-size"].as<int64_t>();
+    if (spec.vae_sample_size < 1) throw UsageError("--vae-sample-size must be positive");
     for (int64_t ch : spec.vae_channels)
       if (ch < 1 || ch % spec.vae_groups != 0)
         throw UsageError("--vae-channels: each must be a positive multiple of --vae-groups (" + std::to_string(spec.vae_groups) + ")");

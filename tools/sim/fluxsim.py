@@ -41,6 +41,14 @@ def options(argv=None):
     ap.add_argument("--checkpoint-every", type=int, default=1)
     ap.add_argument("--decode", choices=["end", "inline"], help="decode after each leader's loop (fluxmpi, the default) / as each group finishes (a what-if)")
     ap.add_argument("--slots", type=int, help="work groups in flight per pipeline leader")
+    ap.add_argument("--vae-tiling", action="store_true", help="decode in VAE tiles (when the latent exceeds one)")
+    ap.add_argument("--vae-slicing", action="store_true", help="one image a decoder pass")
+    ap.add_argument("--decode-ranks", type=int, help="ranks of a pipeline that decode tiles (default: all, "
+                    "at most one a tile)")
+    ap.add_argument("--vae-tile", type=int, default=128, help="latent cells of a VAE tile (FLUX.1: 128)")
+    ap.add_argument("--vae-scale", type=int, default=8, help="pixels per latent cell (FLUX.1: 8)")
+    ap.add_argument("--expect-transformer", metavar="L,S,H,D",
+                    help="refuse a profile whose transformer is not L double + S single blocks of H heads x D")
     ap.add_argument("--ranks-per-node", type=int)
     ap.add_argument("--cores-per-node", type=int, help="processors the ranks of a node share (CPU runs)")
     ap.add_argument("--search", action="store_true", help="best stages / patches / microbatch for --ranks")
@@ -55,7 +63,9 @@ def config_of(a, **over):
     kw = dict(ranks=a.ranks, stages=a.stages, partition=a.partition, microbatch=a.microbatch, patches=a.patches,
               warmup=a.warmup, images=a.images, steps=a.steps, height=a.height, width=a.width,
               text_tokens=a.text_tokens, true_cfg=a.true_cfg, prompts=a.prompts, checkpoint=a.checkpoint,
-              checkpoint_every=a.checkpoint_every, decode=a.decode, slots=a.slots, ranks_per_node=a.ranks_per_node)
+              checkpoint_every=a.checkpoint_every, decode=a.decode, slots=a.slots, ranks_per_node=a.ranks_per_node,
+              vae_tiling=a.vae_tiling, vae_slicing=a.vae_slicing, decode_ranks=a.decode_ranks, vae_tile=a.vae_tile,
+              vae_scale=a.vae_scale)
     if a.cores_per_node is not None:
         kw["cores_per_node"] = a.cores_per_node
     kw.update(over)
@@ -80,8 +90,9 @@ def report(profile, r):
         "x %d steps, %dx%d" % (profile.name, r["ranks"], r["pipelines"], r["stages"], r["microbatch"], r["patches"],
                                r["warmup"], r["images"], r["steps"], r["width"], r["height"]),
         "plan (one pipeline): " + ", ".join(r["plan"]),
-        "encode %.3f s, denoise %.3f s, total %.3f s; %.1f images/hour" % (
-            r["encode_s"], r["denoise_s"], r["total_s"], r["images_per_hour"]),
+        "encode %.3f s, denoise %.3f s, %stotal %.3f s; %.1f images/hour" % (
+            r["encode_s"], r["denoise_s"], "" if r["decode_s"] is None else "decode %.3f s (%s), " % (
+                r["decode_s"], r["vae"]), r["total_s"], r["images_per_hour"]),
         "image latency in this job: mean %.3f s, max %.3f s; one image alone: %.3f s" % (
             r["latency_mean_s"], r["latency_max_s"], r["single_image_latency_s"]),
         "idle share per rank: " + " ".join("%d:%.1f%%" % (i, 100 * x) for i, x in enumerate(r["idle_share"])),
@@ -120,11 +131,31 @@ def search(profile, a):
     return out
 
 
+def load_profile(a):
+    """The profile, checked against --expect-transformer; ValueError naming the file otherwise."""
+    try:
+        profile = Profile.load(a.profile)
+    except OSError as e:
+        raise ValueError("profile '%s': %s" % (a.profile, e.strerror or e))
+    except json.JSONDecodeError as e:
+        raise ValueError("profile '%s' is not JSON: %s" % (a.profile, e))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError("profile '%s' is not a fluxsim profile (tools/sim/README.md): %s %s" % (
+            a.profile, "missing key" if isinstance(e, KeyError) else "bad value", e))
+    if a.expect_transformer:
+        sh = profile.shape
+        have = (sh.num_double, sh.num_single, sh.heads, sh.head_dim)
+        want = tuple(int(x) for x in a.expect_transformer.split(","))
+        if have != want:
+            raise ValueError("profile '%s' (%s) models a transformer of %d double + %d single blocks, %d heads x %d; "
+                             "the job's has %d + %d, %d x %d" % ((a.profile, profile.name) + have + want))
+    return profile
+
+
 def main(argv=None):
     a = options(argv)
-    profile = Profile.load(a.profile)
     try:
-        return run(profile, a)
+        return run(load_profile(a), a)
     except ValueError as e:
         print("fluxsim: %s" % e, file=sys.stderr)
         return 2

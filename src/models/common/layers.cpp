@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "models/common/tensor_utils.h"
+
 namespace fluxmpi::nn {
 
 at::Tensor placeholder(at::IntArrayRef shape) { return at::empty(shape, at::TensorOptions().dtype(at::kFloat)); }
@@ -46,7 +48,17 @@ Conv2dImpl::Conv2dImpl(int64_t in, int64_t out, int64_t kernel) : padding(kernel
 }
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) const {
-  return at::conv2d(x, weight, bias, /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+  return conv2d(x, weight, bias, /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+}
+
+at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
+                  at::IntArrayRef padding) {
+  const at::ScalarType dtype = x.scalar_type();
+  if (x.is_cpu() && !cpu_conv_sums_in_fp32(dtype)) {
+    const at::Tensor b = bias.defined() ? bias.to(at::kFloat) : bias;
+    return at::conv2d(x.to(at::kFloat), weight.to(at::kFloat), b, stride, padding).to(dtype);
+  }
+  return at::conv2d(x, weight, bias, stride, padding);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim) {

@@ -65,6 +65,11 @@ class Conv2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Conv2d);
 
+/// at::conv2d, but on the CPU in a 16-bit dtype whose libtorch kernel would sum in that dtype
+/// (nn::cpu_conv_sums_in_fp32), computed in fp32 and rounded once to the input's dtype.
+at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
+                  at::IntArrayRef padding);
+
 class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t num, int64_t dim);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "core/error.h"
 #include "io/float8.h"
@@ -32,6 +35,27 @@ bool dtype_supported(at::ScalarType dtype, at::Device device) {
   } catch (const c10::Error&) {
     return false;
   }
+}
+
+bool cpu_conv_sums_in_fp32(at::ScalarType dtype) {
+  if (dtype == at::kFloat || dtype == at::kDouble) return true;
+  const bool onednn = at::globalContext().userEnabledMkldnn();
+  static std::mutex mutex;
+  static std::map<std::pair<int, bool>, bool> probed;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(static_cast<int>(dtype), onednn);
+  auto it = probed.find(key);
+  if (it != probed.end()) return it->second;
+  bool exact = false;
+  try {
+    // 4096 products of 1: a running total kept in bf16 stops growing at 256, in fp16 at 2048.
+    at::Tensor ones = at::ones({1, 4096, 1, 1}, at::TensorOptions().dtype(dtype));
+    exact = at::conv2d(ones, ones).item<double>() == 4096.0;
+  } catch (const c10::Error&) {
+    exact = false;  // no kernel at all for this dtype: the fp32 route is the only one
+  }
+  probed.emplace(key, exact);
+  return exact;
 }
 
 namespace {

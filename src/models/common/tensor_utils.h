@@ -19,6 +19,14 @@ const char* dtype_label(at::ScalarType dtype);
 /// matmul on CPU). Probed once per (dtype, device type).
 bool dtype_supported(at::ScalarType dtype, at::Device device);
 
+/// Whether libtorch's CPU convolution in `dtype` (bf16, fp16) sums its products in fp32. It does
+/// through oneDNN, which libtorch 1.13 takes for bf16 only on CPUs with AVX-512 (BW, VL, DQ) and
+/// with oneDNN switched on; its own fallback kernel sums in the 16-bit type, losing about 40x
+/// the accuracy on a 3x3 convolution of 128 channels (docs/architecture.md, "Numerics").
+/// Probed on a 4096-term sum (a bf16 running total stops at 256, fp16 at 2048); fp32 is always true. The
+/// answer follows at::globalContext().userEnabledMkldnn() (tests switch oneDNN off).
+bool cpu_conv_sums_in_fp32(at::ScalarType dtype);
+
 /// A torch tensor over the mapped bytes of `view` (no copy when the data is aligned for its
 /// dtype; an aligned copy otherwise). Valid while the store keeps the shard mapped. Only for a
 /// tensor stored as is in a dtype libtorch has (copy_view handles every tensor).

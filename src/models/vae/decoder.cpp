@@ -2,6 +2,7 @@
 #include "models/vae/decoder.h"
 
 #include "models/common/tensor_utils.h"
+#include "models/vae/norm.h"
 
 namespace fluxmpi::vae {
 
@@ -30,7 +31,10 @@ at::Tensor DecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) const 
   // z: [B, latent_channels, h, w]
   nn::check_shape(z, {-1, config_.latent_channels, -1, -1}, "VAE decoder input [B, latent_channels, h, w]");
   if (trace) *trace = DecoderTrace{};
-  at::Tensor h = conv_in_->forward(z);
+  // Channels-last from the first conv on: oneDNN's convolutions read and write it without
+  // reordering (NCHW costs a reorder of each input and output), and so do the group norms, SiLU
+  // and the residual sums; the image is made contiguous again at the end.
+  at::Tensor h = conv_in_->forward(z.contiguous(at::MemoryFormat::ChannelsLast));
   if (trace) trace->conv_in = h;
   h = mid_block_->forward(h);
   if (trace) trace->mid_block = h;
@@ -38,9 +42,14 @@ at::Tensor DecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) const 
     h = block->forward(h);
     if (trace) trace->up_blocks.push_back(h);
   }
-  h = conv_norm_out_->forward(h);
-  if (trace) trace->conv_norm_out = h;
-  return conv_out_->forward(at::silu(h));
+  h = group_norm(conv_norm_out_, h);
+  if (trace) {
+    trace->conv_norm_out = h;
+    h = at::silu(h);
+  } else {
+    at::silu_(h);
+  }
+  return conv_out_->forward(h).contiguous();
 }
 
 }  // namespace fluxmpi::vae

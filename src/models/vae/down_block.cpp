@@ -2,6 +2,7 @@
 #include "models/vae/down_block.h"
 
 #include "core/error.h"
+#include "models/common/layers.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::vae {
@@ -19,7 +20,7 @@ at::Tensor Downsample2DImpl::forward(const at::Tensor& x) const {
   // move each output's 3x3 window one pixel up and left (and keep an odd side's last row).
   at::Tensor padded = at::constant_pad_nd(x, {0, 1, 0, 1}, 0);
   const int64_t stride[] = {2, 2}, no_padding[] = {0, 0};
-  return at::conv2d(padded, conv_->weight, conv_->bias, stride, no_padding);
+  return nn::conv2d(padded, conv_->weight, conv_->bias, stride, no_padding);
 }
 
 DownEncoderBlock2DImpl::DownEncoderBlock2DImpl(int64_t in_channels, int64_t out_channels, int64_t num_layers,

@@ -5,6 +5,7 @@
 
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
+#include "models/vae/norm.h"
 #include "models/vae/resnet_block.h"
 
 namespace fluxmpi::vae {
@@ -23,7 +24,7 @@ at::Tensor MidBlockAttentionImpl::forward(const at::Tensor& x) const {
   // x: [B, C, H, W]; the pixels are the tokens: [B, HW, C], one head of width C.
   nn::check_shape(x, {-1, channels_, -1, -1}, "VAE mid-block attention input [B, C, H, W]");
   const int64_t B = x.size(0), C = channels_, H = x.size(2), W = x.size(3), L = H * W;
-  at::Tensor tokens = group_norm_->forward(x).view({B, C, L}).transpose(1, 2);
+  at::Tensor tokens = group_norm(group_norm_, x).view({B, C, L}).transpose(1, 2);
   at::Tensor q = to_q_->forward(tokens).unsqueeze(1);  // [B, 1, L, C]
   at::Tensor k = to_k_->forward(tokens).unsqueeze(1);
   at::Tensor v = to_v_->forward(tokens).unsqueeze(1);
@@ -43,8 +44,9 @@ at::Tensor MidBlockAttentionImpl::forward(const at::Tensor& x) const {
     }
   }
   at::Tensor out = to_out_0_->forward(attended.squeeze(1));  // [B, L, C]
-  // Back to [B, C, H, W]; diffusers then divides by rescale_output_factor = 1 (omitted: x / 1 is x).
-  return out.transpose(1, 2).reshape({B, C, H, W}) + x;
+  // Back to [B, C, H, W] (a channels-last view of `out`, no copy); diffusers then divides by
+  // rescale_output_factor = 1 (omitted: x / 1 is x).
+  return out.transpose(1, 2).reshape({B, C, H, W}).add_(x);
 }
 
 }  // namespace fluxmpi::vae

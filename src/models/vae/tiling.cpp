@@ -40,6 +40,8 @@ TileGeometry tile_geometry(const io::VaeConfig& config) {
   g.sample_tile = config.sample_size;
   g.latent_tile = static_cast<int64_t>(static_cast<double>(config.sample_size) /
                                        static_cast<double>(config.scale_factor()));
+  g.scale = config.scale_factor();
+  g.out_channels = config.out_channels;
   FLUX_CHECK(g.latent_tile > 0 && g.latent_stride() > 0, "VAE sample_size ", config.sample_size,
              " gives no usable tile for a scale factor of ", config.scale_factor());
   return g;
@@ -56,27 +58,45 @@ void blend_edge(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim)
   }
 }
 
-at::Tensor run_tiled(const std::function<at::Tensor(const at::Tensor&)>& run, const at::Tensor& x, int64_t tile,
-                     int64_t stride, int64_t extent, int64_t limit) {
-  const int64_t h = x.size(2), w = x.size(3);
+std::vector<Tile> tile_grid(int64_t h, int64_t w, int64_t tile, int64_t stride) {
+  FLUX_CHECK(tile > 0 && stride > 0, "tiles of ", tile, " every ", stride);
+  std::vector<Tile> grid;
+  for (int64_t i = 0, row = 0; i < h; i += stride, ++row)
+    for (int64_t j = 0, col = 0; j < w; j += stride, ++col)
+      grid.push_back(Tile{row, col, i, j, std::min(i + tile, h) - i, std::min(j + tile, w) - j});
+  return grid;
+}
+
+at::Tensor tile_input(const at::Tensor& x, const Tile& t) {
+  return x.slice(2, t.top, t.top + t.height).slice(3, t.left, t.left + t.width).contiguous();
+}
+
+at::Tensor blend_tiles(const TileOutputFn& output, const std::vector<Tile>& grid, int64_t extent, int64_t limit) {
   std::vector<at::Tensor> above;  // the previous row of tiles, blended
   std::vector<at::Tensor> rows;   // each row of cropped tiles, concatenated
-  for (int64_t i = 0; i < h; i += stride) {
-    std::vector<at::Tensor> row;
-    std::vector<at::Tensor> crops;
-    for (int64_t j = 0, col = 0; j < w; j += stride, ++col) {
-      at::Tensor out = run(x.slice(2, i, std::min(i + tile, h)).slice(3, j, std::min(j + tile, w)).contiguous());
-      if (!above.empty()) blend_edge(above[static_cast<size_t>(col)], out, extent, 2);
-      if (!row.empty()) blend_edge(row.back(), out, extent, 3);
-      crops.push_back(out.slice(2, 0, limit).slice(3, 0, limit));
-      row.push_back(std::move(out));
+  std::vector<at::Tensor> row;
+  std::vector<at::Tensor> crops;
+  for (size_t k = 0; k < grid.size(); ++k) {
+    at::Tensor out = output(k);
+    if (!above.empty()) blend_edge(above[static_cast<size_t>(grid[k].col)], out, extent, 2);
+    if (!row.empty()) blend_edge(row.back(), out, extent, 3);
+    crops.push_back(out.slice(2, 0, limit).slice(3, 0, limit));
+    row.push_back(std::move(out));
+    if (k + 1 == grid.size() || grid[k + 1].row != grid[k].row) {
+      rows.push_back(at::cat(crops, 3));
+      crops.clear();
+      above = std::move(row);
+      row.clear();
     }
-    rows.push_back(at::cat(crops, 3));
-    above = std::move(row);
   }
   return at::cat(rows, 2);
 }
 
+at::Tensor run_tiled(const std::function<at::Tensor(const at::Tensor&)>& run, const at::Tensor& x, int64_t tile,
+                     int64_t stride, int64_t extent, int64_t limit) {
+  const std::vector<Tile> grid = tile_grid(x.size(2), x.size(3), tile, stride);
+  return blend_tiles([&](size_t k) { return run(tile_input(x, grid[k])); }, grid, extent, limit);
+}
 
 at::Tensor decode_latents(const DecodeFn& decode, const at::Tensor& z, const TileGeometry& geometry,
                           const DecodeOptions& options) {
@@ -86,6 +106,7 @@ at::Tensor decode_latents(const DecodeFn& decode, const at::Tensor& z, const Til
   c10::InferenceMode guard;
   auto one_pass = [&](const at::Tensor& x) {
     if (!options.tiling || !geometry.applies(x.size(2), x.size(3))) return decode(x);
+    if (options.tiles != nullptr) return options.tiles->decode(decode, x, geometry);
     return run_tiled(decode, x, geometry.latent_tile, geometry.latent_stride(), geometry.blend_extent(),
                      geometry.row_limit());
   };

@@ -2,6 +2,7 @@
 #include "models/vae/up_block.h"
 
 #include "models/common/tensor_utils.h"
+#include "models/vae/upsample_conv.h"
 
 namespace fluxmpi::vae {
 
@@ -12,13 +13,9 @@ Upsample2DImpl::Upsample2DImpl(int64_t channels) : channels_(channels) {
 at::Tensor Upsample2DImpl::forward(const at::Tensor& x) const {
   // x: [B, C, H, W]
   nn::check_shape(x, {-1, channels_, -1, -1}, "Upsample2D input [B, C, H, W]");
-  // diffusers upcasts bf16 around the interpolation (older torch lacks a bf16 kernel); nearest
-  // neighbour only copies values, so the round trip is exact either way.
-  const bool upcast = x.scalar_type() == at::kBFloat16;
-  at::Tensor src = upcast ? x.to(at::kFloat) : x;
-  at::Tensor up = at::upsample_nearest2d(src, {2 * x.size(2), 2 * x.size(3)});
-  if (upcast) up = up.to(at::kBFloat16);
-  return conv_->forward(up);
+  // Nearest-neighbour doubling then the 3x3 conv, as four 2x2 convs at x's resolution
+  // (upsample_conv.h). diffusers upcasts bf16 around its interpolation; there is none here.
+  return upsample2x_conv3x3(x, conv_->weight, conv_->bias);
 }
 
 UpDecoderBlock2DImpl::UpDecoderBlock2DImpl(int64_t in_channels, int64_t out_channels, int64_t num_layers,

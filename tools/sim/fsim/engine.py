@@ -59,7 +59,7 @@ class ScheduleError(Exception):
 
 class _Rank:
     __slots__ = ("gen", "node", "state", "rem", "last", "version", "waiting_src", "waiting_key",
-                 "busy", "blocked", "block_start", "compute_start", "end", "last_arrival", "log")
+                 "busy", "blocked", "block_start", "compute_start", "end", "last_arrival", "log", "blocked_at")
 
     def __init__(self, gen, node):
         self.gen = gen
@@ -77,6 +77,7 @@ class _Rank:
         self.end = None
         self.last_arrival = 0.0
         self.log = []
+        self.blocked_at = {}  # mark name -> seconds blocked before it
 
 
 class Engine:
@@ -120,7 +121,8 @@ class Engine:
         return self
 
     def result(self):
-        return [{"busy": k.busy, "blocked": k.blocked, "end": k.end, "log": k.log} for k in self.ranks]
+        return [{"busy": k.busy, "blocked": k.blocked, "end": k.end, "log": k.log, "blocked_at": k.blocked_at}
+                for k in self.ranks]
 
     # --- internals -----------------------------------------------------------------------------
     def _set_time(self, t):
@@ -277,6 +279,7 @@ class Engine:
                     return
             elif kind == "mark":
                 k.log.append((self.now, action[1], action[2]))
+                k.blocked_at[action[1]] = k.blocked
             else:
                 raise ValueError("unknown action %r" % (action,))
 

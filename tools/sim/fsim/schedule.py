@@ -20,7 +20,10 @@ does; "inline", each group decoded as it finishes, is a what-if). Rank 0 stays t
 the other leaders' checkpoint rows cost rank 0 their write time when it takes them — after each of
 its own steps, between its decode batches and at the end until every leader is done
 (app/leader_channel.h). With one pipeline, unbounded slots and the decode at the end, this is
-exactly the static schedule (tests/test_schedule.py checks it)."""
+exactly the static schedule (tests/test_schedule.py checks it). The decode is fsim/decode.py: with
+tiling over several ranks a leader spreads its images' tiles over the ranks of its own pipeline,
+once their loop is done."""
+from . import decode as vae_decode
 from .engine import Message
 from .model import noise_message, state_message
 
@@ -79,7 +82,7 @@ class Job:
 
     def __init__(self, profile, stages, groups, steps, text_tokens, latent_h, latent_w, passes=1, patches=1,
                  warmup=1, checkpoint=False, checkpoint_every=1, decode="end", slots=None, pixels=None,
-                 microbatch=1, pipelines=1):
+                 microbatch=1, pipelines=1, decode_plan=None):
         if patches < 1 or warmup < 1:
             raise ValueError("patches %d, warm-up steps %d" % (patches, warmup))
         self.profile, self.costs, self.shape = profile, profile.costs, profile.shape
@@ -95,6 +98,8 @@ class Job:
         self.pixels = pixels if pixels is not None else latent_h * latent_w * 64
         self.microbatch = microbatch
         self.pipelines = pipelines
+        # The VAE decode (fsim/decode.py): untiled on the leader unless told otherwise.
+        self.decode_plan = decode_plan or vae_decode.DecodePlan(latent_h, latent_w)
         # Messages staged through pinned host buffers (MPI not CUDA-aware): a device-to-host copy
         # before each send, a host-to-device copy after each receive, on the rank's own timeline.
         self.staging_bw = profile.host.get("staging_bandwidth")
@@ -153,6 +158,7 @@ class Leader:
         self.ranks = ranks  # global ranks of this pipeline, leader first
         self.last = ranks[-1]
         self.done_leaders = 0  # rank 0: the other leaders that said they are done
+        self.decode_passes = 0  # tiled passes so far (their messages' tag)
 
     def finish_unit(self, g, step, u):
         """Rank 0's Euler step of the unit's rows; on_step (checkpoint rows) after the step's last unit."""
@@ -243,22 +249,14 @@ class Leader:
                 yield from self.finish_unit(g, job.steps - 1, u)
 
     def decode_group(self, g):
-        yield ("compute", self.job.costs.decode(g.count, self.job.pixels), "decode")
-        for i in range(g.first_image, g.first_image + g.count):
-            yield ("mark", "image_decoded", i)
+        yield from vae_decode.leader_passes(self.job, self, list(range(g.first_image, g.first_image + g.count)))
 
     def decode_all(self, groups):
-        """job_loop.cpp phase 4: batches of `microbatch` images in image order (rank 0 serves the
-        other leaders between batches)."""
+        """job_loop.cpp phase 4: batches of `microbatch` images in image order (fsim/decode.py);
+        rank 0 serves the other leaders between batches."""
         images = sorted(i for g in groups for i in range(g.first_image, g.first_image + g.count))
-        m = self.job.microbatch
-        for k in range(0, len(images), m):
-            batch = images[k:k + m]
-            yield ("compute", self.job.costs.decode(len(batch), self.job.pixels), "decode")
-            for i in batch:
-                yield ("mark", "image_decoded", i)
-            if self.ranks[0] == 0:
-                yield from self.serve()
+        yield from vae_decode.leader_passes(self.job, self, images, between=self.serve if self.ranks[0] == 0 else None)
+        yield from vae_decode.leader_finish(self.job, self)
 
     def static(self):
         """Worker::run_root with every group in flight, then the decode stage."""

@@ -1,6 +1,7 @@
 """One simulated job: builds the rank programs of schedule.py, runs them, and summarises."""
 import math
 
+from . import decode as vae_decode
 from .engine import Engine, Link
 from .model import parse_partition, plan_stages
 from .schedule import Dispatcher, Job, Leader, downstream_reactive, downstream_static, make_groups
@@ -28,6 +29,11 @@ class Config:
         self.decode = None          # "end" (fluxmpi: each leader after its loop) | "inline" (a what-if)
         self.slots = None           # groups in flight per leader; None: all (one pipeline) or S (several)
         self.ranks_per_node = None  # None: the profile's host.ranks_per_node, else all ranks on one node
+        self.vae_tiling = False     # --vae-tiling (when the latent exceeds one tile)
+        self.vae_slicing = False    # --vae-slicing: one image a decoder pass
+        self.decode_ranks = None    # ranks of a pipeline that decode tiles; None: min(S, tiles) when tiled
+        self.vae_tile = 128         # latent cells of a VAE tile (FLUX.1: sample_size 1024 / 8)
+        self.vae_scale = 8          # pixels per latent cell
         self.cores_per_node = "profile"
         self.capacity = None        # {n: processors n computing ranks get} (a shared CPU machine)
         for k, v in kw.items():
@@ -38,6 +44,12 @@ class Config:
     def latent(self):
         """The packed latent's cells: 2 * (H // 16) per side (FLUX VAE)."""
         return 2 * (self.height // 16), 2 * (self.width // 16)
+
+
+def _then(first, second):
+    """One rank program after the other."""
+    yield from first
+    yield from second
 
 
 def simulate(profile, cfg):
@@ -52,10 +64,17 @@ def simulate(profile, cfg):
     groups = make_groups(cfg.images, cfg.microbatch)
     decode = cfg.decode or "end"
     slots = cfg.slots if cfg.slots is not None else (None if pipes == 1 else S)
+    # Decoding as each group finishes, the ranks behind a leader are still denoising: it decodes
+    # its tiles alone.
+    decode_ranks = 1 if decode == "inline" else (cfg.decode_ranks if cfg.decode_ranks is not None else S)
+    if decode_ranks < 1 or decode_ranks > S:
+        raise ValueError("--decode-ranks %d: a pipeline has %d rank(s)" % (decode_ranks, S))
+    plan = vae_decode.DecodePlan(lh, lw, tiled=cfg.vae_tiling, slicing=cfg.vae_slicing, ranks=decode_ranks,
+                                 tile=cfg.vae_tile, scale=cfg.vae_scale, latent_channels=profile.shape.in_channels // 4)
     job = Job(profile, stages, groups, cfg.steps, cfg.text_tokens, lh, lw, passes=2 if cfg.true_cfg else 1,
               patches=cfg.patches, warmup=cfg.warmup, checkpoint=cfg.checkpoint,
               checkpoint_every=cfg.checkpoint_every, decode=decode, slots=slots,
-              pixels=cfg.height * cfg.width, microbatch=cfg.microbatch, pipelines=pipes)
+              pixels=cfg.height * cfg.width, microbatch=cfg.microbatch, pipelines=pipes, decode_plan=plan)
 
     rpn = cfg.ranks_per_node or profile.host.get("ranks_per_node") or P
     cores = profile.host.get("cores_per_node") if cfg.cores_per_node == "profile" else cfg.cores_per_node
@@ -76,7 +95,8 @@ def simulate(profile, cfg):
         fetch = 0.0 if j == 0 else 2 * link(ranks[0], 0).latency
         programs.append(leader.static() if static else leader.dynamic(dispatcher, fetch))
         for i in range(1, S):
-            programs.append(downstream_static(job, ranks, i) if static else downstream_reactive(job, ranks, i))
+            programs.append(_then(downstream_static(job, ranks, i) if static else downstream_reactive(job, ranks, i),
+                                  vae_decode.helper(job, ranks, i)))
 
     capacity = None
     if cfg.capacity:
@@ -107,19 +127,24 @@ def simulate(profile, cfg):
     group_of = {i: g for g in groups for i in range(g.first_image, g.first_image + g.count)}
     latencies = [t - starts[group_of[i].index] for t, i in marks("image_decoded")]
     own_end = [max(t for t, n, _ in r["log"] if n == "denoise_end") for r in res]
+    # Rank 0's decode stage after its loop (decode "end"; inline decodes sit inside the loop).
+    decode_s = res[0]["end"] - own_end[0] if decode == "end" else None
     total = encode + span
     return {
         "ranks": P, "stages": S, "pipelines": pipes, "microbatch": cfg.microbatch, "patches": cfg.patches,
         "warmup": cfg.warmup, "images": cfg.images, "steps": cfg.steps, "height": cfg.height, "width": cfg.width,
-        "slots": slots, "decode": decode,
+        "slots": slots, "decode": decode, "vae": plan.describe(),
         "plan": [s.describe() for s in stages],
         "encode_s": encode,
         "denoise_s": max(denoise_end) if not static else denoise,
+        "decode_s": decode_s,
         "total_s": total,
         "images_per_hour": 3600.0 * cfg.images / total if total > 0 else float("inf"),
         "latency_mean_s": sum(latencies) / len(latencies) if latencies else None,
         "latency_max_s": max(latencies) if latencies else None,
         "idle_share": [1.0 - r["busy"] / span if span > 0 else 0.0 for r in res],
-        "blocked_share": [r["blocked"] / e if e > 0 else 0.0 for r, e in zip(res, own_end)],
+        # The loop's own blocked time: a decode helper's wait for its passes comes after it.
+        "blocked_share": [r["blocked_at"].get("denoise_end", r["blocked"]) / e if e > 0 else 0.0
+                          for r, e in zip(res, own_end)],
         "busy_s": [r["busy"] for r in res],
     }

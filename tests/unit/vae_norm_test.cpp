@@ -1,0 +1,43 @@
+// vae::group_norm (models/vae/norm.h) on the decoder's channels-last activations: in fp32 it is the
+// NCHW group norm, and in bf16 it stays within the bf16 sanity bound of an fp32 reference (the
+// check that libtorch 1.13's own bf16 channels-last kernel fails by two orders of magnitude).
+
+#include <gtest/gtest.h>
+
+#include "models/vae/norm.h"
+#include "support/tensor_compare.h"
+
+namespace fluxmpi::vae {
+namespace {
+
+nn::GroupNorm make_norm(int64_t groups, int64_t channels) {
+  nn::GroupNorm norm(groups, channels, 1e-6);
+  at::manual_seed(3);
+  norm->weight.set_data(at::randn({channels}));
+  norm->bias.set_data(at::randn({channels}));
+  return norm;
+}
+
+TEST(VaeGroupNorm, ChannelsLastFp32MatchesNchw) {
+  const nn::GroupNorm norm = make_norm(8, 32);
+  const at::Tensor x = at::randn({2, 32, 12, 10}) * 3 + 1;
+  const at::Tensor ref = at::group_norm(x, 8, norm->weight, norm->bias, 1e-6);
+  test::expect_close("group norm, channels-last fp32", group_norm(norm, x.contiguous(at::MemoryFormat::ChannelsLast)),
+                     ref, test::kTolFp32);
+}
+
+TEST(VaeGroupNorm, ChannelsLastBf16StaysWithinTheSanityBound) {
+  const nn::GroupNorm norm = make_norm(8, 32);
+  const at::Tensor x = (at::randn({1, 32, 64, 64}) * 3 + 1).to(at::kBFloat16);
+  const at::Tensor ref = at::group_norm(x.to(at::kFloat), 8, norm->weight.to(at::kBFloat16).to(at::kFloat),
+                                        norm->bias.to(at::kBFloat16).to(at::kFloat), 1e-6);
+  nn::GroupNorm bf16 = make_norm(8, 32);
+  bf16->weight.set_data(bf16->weight.to(at::kBFloat16));
+  bf16->bias.set_data(bf16->bias.to(at::kBFloat16));
+  const at::Tensor got = group_norm(bf16, x.contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(got.scalar_type(), at::kBFloat16);
+  test::expect_close("group norm, channels-last bf16", got, ref, test::kTolBf16Sanity);
+}
+
+}  // namespace
+}  // namespace fluxmpi::vae
