@@ -19,7 +19,7 @@ bool helps_decode(const RunPlan& plan, int rank) {
          std::find(plan.decode_ranks.begin(), plan.decode_ranks.end(), rank) != plan.decode_ranks.end();
 }
 
-void help_decode(const RunPlan& plan, const parallel::MpiEnv& comm, at::ScalarType dtype, at::Device device) {
+void help_decode(const RunPlan& plan, const parallel::Communicator& comm, at::ScalarType dtype, at::Device device) {
   const auto t0 = std::chrono::steady_clock::now();
   auto load = [&]() {
     const io::ModelDir dir(plan.sources);
@@ -41,7 +41,7 @@ void help_decode(const RunPlan& plan, const parallel::MpiEnv& comm, at::ScalarTy
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.2f s",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  log::debug("decoded ", tiles, " VAE tile(s) for rank ", plan.decode_ranks.front(), " in ", seconds, "; peak RSS ",
+  log::debug("decoded ", tiles, " VAE tile(s) for rank ", comm.world_rank(plan.decode_ranks.front()), " in ", seconds, "; peak RSS ",
              format_bytes(peak_rss_bytes()));
 }
 

@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "app/run_plan.h"
-#include "parallel/mpi_env.h"
+#include "parallel/communicator.h"
 
 namespace fluxmpi::app {
 
@@ -15,6 +15,6 @@ namespace fluxmpi::app {
 bool helps_decode(const RunPlan& plan, int rank);
 
 /// The helper's loop on `comm` (the ranks of this pipeline). Throws what loading or decoding throws.
-void help_decode(const RunPlan& plan, const parallel::MpiEnv& comm, at::ScalarType dtype, at::Device device);
+void help_decode(const RunPlan& plan, const parallel::Communicator& comm, at::ScalarType dtype, at::Device device);
 
 }  // namespace fluxmpi::app

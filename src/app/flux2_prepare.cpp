@@ -197,7 +197,7 @@ Preparation prepare_flux2_run(PreparedRun run, const ckpt::CheckpointReader* che
   if (c.dry_run) {
     if (!c.predict.empty()) predict_job(run, *run.stages, request.images, cfg ? 2 : 1);  // a UsageError: not modelled
     out.output = job_text(c, dir, run.geometry, request.images, cfg, *run.stages) +
-                 (text_plan ? text_plan->table() + "\n" : std::string()) + run.stages->table();
+                 (text_plan ? text_plan->table() + "\n" : std::string()) + run.pipelines_text + run.stages->table();
     out.dry_run_plan = run.stages;
     return out;
   }

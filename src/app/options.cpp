@@ -52,6 +52,7 @@ constexpr int64_t kMaxSequenceLength = 512;
 // more than the cores of any node a rank runs on.
 constexpr int64_t kMaxSteps = 10000;
 constexpr int64_t kMaxThreads = 1024;
+constexpr int64_t kMaxRanks = 1 << 24;
 constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
 
 const Spec kSpecs[] = {
@@ -122,6 +123,9 @@ const Spec kSpecs[] = {
     {"partition", 0, Group::Parallel, Kind::Text, "PLAN", nullptr, "explicit blocks per rank, e.g. 0:0-8,1:9-56 (overrides --balance)", false},
     {"max-memory", 0, Group::Parallel, Kind::Text, "BUDGETS", nullptr,
      "memory budget of every rank (16GiB, 16G) or per rank (0=16GiB,1=24GiB)", false},
+    {"stages", 0, Group::Parallel, Kind::Integer, "S", nullptr,
+     "ranks per pipeline: the P ranks form P/S pipelines of S consecutive ranks, each leader taking the next images "
+     "whenever it has room; one checkpoint, written by rank 0 (default: all P ranks, one pipeline)", false},
     {"microbatch", 0, Group::Parallel, Kind::Integer, "N", "1",
      "images per transformer pass (1: bit-identical to one image at a time)", false},
     {"keep-encoders", 0, Group::Parallel, Kind::Flag, nullptr, nullptr, "keep the text encoders loaded on rank 0 after encoding", false},
@@ -575,6 +579,7 @@ RunConfig validate(const Settings& s) {
   if (s.has("partition") && c.partition.empty()) s.fail("partition", "must not be empty (e.g. 0:0-8,1:9-56)");
   c.max_memory = s.text("max-memory");
   if (s.has("max-memory") && c.max_memory.empty()) s.fail("max-memory", "must not be empty (e.g. 0=16GiB,1=24GiB)");
+  c.stages = s.integer("stages", 1, kMaxRanks).value_or(0);
   c.microbatch = *s.integer("microbatch", 1, kNoMax);
   c.keep_encoders = s.flag("keep-encoders");
   c.vae_tiling = s.flag("vae-tiling");

@@ -114,7 +114,8 @@ PredictJob predict_job(const PreparedRun& run, const parallel::StagePlan& plan, 
   const io::VaeConfig& vae = run.model->vae_config();
   PredictJob j;
   j.profile = c.predict;
-  j.ranks = plan.world_size();
+  j.ranks = run.world_size;
+  j.stages = plan.world_size();
   for (int r = 0; r < plan.world_size(); ++r) j.partition.push_back({plan.blocks(r).first, plan.blocks(r).last});
   j.microbatch = c.microbatch;
   j.patches = c.patches;
@@ -139,12 +140,13 @@ PredictJob predict_job(const PreparedRun& run, const parallel::StagePlan& plan, 
 }
 
 std::vector<std::string> simulator_args(const PredictJob& j) {
-  std::vector<std::string> a = {"--profile", j.profile, "--ranks", std::to_string(j.ranks), "--partition",
-                                ranges_text(j.partition), "--microbatch", std::to_string(j.microbatch), "--patches",
+  std::vector<std::string> a = {"--profile", j.profile, "--ranks", std::to_string(j.ranks)};
+  if (j.stages != j.ranks) a.insert(a.end(), {"--stages", std::to_string(j.stages)});
+  a.insert(a.end(), {"--partition", ranges_text(j.partition), "--microbatch", std::to_string(j.microbatch), "--patches",
                                 std::to_string(j.patches), "--warmup", std::to_string(j.warmup_steps), "--images",
                                 std::to_string(j.images), "--prompts", std::to_string(j.prompts), "--steps",
                                 std::to_string(j.steps), "--height", std::to_string(j.height), "--width",
-                                std::to_string(j.width), "--max-sequence-length", std::to_string(j.text_tokens)};
+                     std::to_string(j.width), "--max-sequence-length", std::to_string(j.text_tokens)});
   if (j.true_cfg) a.push_back("--true-cfg");
   if (j.checkpoint) a.insert(a.end(), {"--checkpoint", "--checkpoint-every", std::to_string(j.checkpoint_every)});
   if (j.vae_tiling)

@@ -1,7 +1,7 @@
 #pragma once
 /// `fluxmpi --dry-run --predict PROFILE.json`: the schedule model's prediction for the job a dry run
 /// describes (tools/sim/README.md). fluxmpi writes the job as tools/sim/fluxsim.py's options — its
-/// ranks, the plan's slices, sizes, steps, patches, microbatch, images, distinct prompts, passes,
+/// ranks and pipelines (--stages), one pipeline's slices, sizes, steps, patches, microbatch, images, distinct prompts, passes,
 /// checkpoint and VAE decode — runs the simulator with python3 and prints its report: throughput
 /// (images/hour), one image's latency and each rank's idle share.
 
@@ -18,7 +18,8 @@ namespace fluxmpi::app {
 /// The job as the simulator takes it.
 struct PredictJob {
   std::string profile;
-  int ranks = 1;
+  int ranks = 1;                                ///< the job's ranks P
+  int stages = 1;                               ///< ranks per pipeline S (--stages; S = P: one pipeline)
   std::vector<parallel::BlockRange> partition;  ///< one pipeline's blocks per rank
   int64_t microbatch = 1, patches = 1, warmup_steps = 1;
   int64_t images = 1, prompts = 1, steps = 28;

@@ -16,6 +16,7 @@
 #include "models/vae/vae_decoder.h"
 #include "models/vae/vae_encoder.h"
 #include "parallel/encode_memory.h"
+#include "parallel/pipelines.h"
 
 namespace fluxmpi::app {
 
@@ -207,6 +208,14 @@ void make_stage_plan(PreparedRun& run, const parallel::PlanRequest& request, con
 RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
   const RunConfig& c = run.config;
   RunPlan plan;
+  plan.stages = world_size;
+  plan.world_size = world_size;  // the job's, set by prepare_run
+  plan.geometry = run.geometry;
+  plan.vae_tiling = run.stages->vae_tiling();
+  plan.vae_slicing = c.vae_slicing;
+  plan.microbatch = c.microbatch;
+  plan.checkpoint = !c.checkpoint_file().empty();
+  plan.checkpoint_every = c.checkpoint_every;
   plan.model = c.model;
   plan.sources = run.model->sources();
   plan.dtype = c.dtype;
@@ -226,16 +235,12 @@ RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
   return plan;
 }
 
-Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
+namespace {
+
+// prepare_run for one pipeline of `world_size` ranks.
+Preparation prepare_pipeline(PreparedRun run, int world_size) {
   Preparation out;
-  ParseResult parsed = parse_options(args);
-  if (parsed.action != ParseResult::Action::Run) {
-    out.output = parsed.text;
-    return out;
-  }
-  PreparedRun run;
   RunConfig& c = run.config;
-  c = parsed.config;
   log::set_level(c.log_level);
 
   std::optional<ckpt::CheckpointReader> checkpoint;
@@ -369,7 +374,7 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
                        " + activations ", format_bytes(encode_stage->activation_bytes), " = ",
                        format_bytes(encode_stage->total()), "\n");
     out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
-                 dir.describe_sources() +
+                 dir.describe_sources() + run.pipelines_text +
                  run.stages->table() + lora_table(run.loras, *run.stages);
     if (!c.predict.empty())
       out.output += predict(predict_job(run, *run.stages, request.images, c.true_cfg_enabled() ? 2 : 1));
@@ -383,6 +388,25 @@ Preparation prepare_run(const std::vector<std::string>& args, int world_size) {
   plan.reference_width = run.inputs.condition.width / vae_scale;
   plan.loras = c.loras;
   out.run = std::move(run);
+  return out;
+}
+
+}  // namespace
+
+Preparation prepare_run(const std::vector<std::string>& args, int world_size, const std::vector<std::string>& hosts) {
+  ParseResult parsed = parse_options(args);
+  if (parsed.action != ParseResult::Action::Run) {
+    Preparation out;
+    out.output = parsed.text;
+    return out;
+  }
+  PreparedRun run;
+  run.config = parsed.config;
+  const parallel::PipelineLayout layout = parallel::PipelineLayout::make(world_size, static_cast<int>(run.config.stages));
+  if (run.config.stages != 0) run.pipelines_text = layout.table(hosts);
+  run.world_size = world_size;
+  Preparation out = prepare_pipeline(std::move(run), layout.stages());
+  if (out.run) out.run->plan.world_size = world_size;
   return out;
 }
 

@@ -40,6 +40,10 @@ struct PreparedRun {
   std::optional<parallel::StagePlan> stages;
   LoraCheck loras;  ///< the --lora files, checked against the model
   JobInputs inputs;  ///< the mode and the decoded input images (every image of the job)
+  /// --dry-run with --stages: the pipelines, their ranks and hosts (printed above the plan).
+  std::string pipelines_text;
+  /// The job's ranks P; `stages` and `plan` are one pipeline's S ranks (--stages; S = P without).
+  int world_size = 1;
 
   bool any_encoding() const;
 };
@@ -53,8 +57,10 @@ struct Preparation {
 };
 
 /// Validates the command line `args` (without the program name) for a job of `world_size`
-/// ranks. Throws fluxmpi::Error subclasses for everything a user can get wrong.
-Preparation prepare_run(const std::vector<std::string>& args, int world_size);
+/// ranks (`hosts`: each rank's host name, for --dry-run; may be empty). With --stages S the plan
+/// is made for S ranks, the pipeline every group of S ranks runs. Throws fluxmpi::Error
+/// subclasses for everything a user can get wrong.
+Preparation prepare_run(const std::vector<std::string>& args, int world_size, const std::vector<std::string>& hosts = {});
 
 /// With --resume: the options left out of the command line are taken from the checkpoint (model,
 /// sizes, steps, guidance, sequence length, seed, prompts, dtype, true CFG).

@@ -81,6 +81,7 @@ struct RunConfig {
   std::string balance = "compute";  ///< "compute" | "memory"
   std::string partition;      ///< --partition, e.g. "0:0-8,1:9-56" (parsed by the partition planner)
   std::string max_memory;     ///< --max-memory, e.g. "0=16GiB,1=24GiB" (parsed by the partition planner)
+  int64_t stages = 0;         ///< --stages S: ranks per pipeline; 0 = all ranks (one pipeline)
   int64_t microbatch = 1;
   bool keep_encoders = false;
   bool vae_tiling = false;    ///< --vae-tiling (the plan may also switch it on for a --max-memory budget)

@@ -33,6 +33,11 @@ std::string to_json(const RunPlan& p) {
   for (const auto& g : p.groups) j["groups"].push_back({g.first_image, g.count, g.start_step});
   j["ranges"] = nlohmann::json::array();
   for (const auto& r : p.ranges) j["ranges"].push_back({r.first, r.last});
+  j["stages"] = {p.stages, p.world_size};
+  const flux::LatentGeometry& g = p.geometry;
+  j["geometry"] = {g.height, g.width, g.latent_height, g.latent_width, g.channels};
+  j["decode"] = {p.vae_tiling, p.vae_slicing, p.microbatch};
+  j["checkpoint"] = {p.checkpoint, p.checkpoint_every};
   j["decode_ranks"] = p.decode_ranks;
   j["loras"] = nlohmann::json::parse(io::loras_to_json(p.loras));
   return j.dump();
@@ -68,6 +73,16 @@ RunPlan run_plan_from_json(const std::string& text) {
     for (const auto& g : j.at("groups"))
       p.groups.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<int64_t>()});
     for (const auto& r : j.at("ranges")) p.ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+    p.stages = j.at("stages").at(0).get<int>();
+    p.world_size = j.at("stages").at(1).get<int>();
+    const nlohmann::json& g = j.at("geometry");
+    p.geometry = {g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<int64_t>(), g.at(3).get<int64_t>(),
+                  g.at(4).get<int64_t>()};
+    p.vae_tiling = j.at("decode").at(0).get<bool>();
+    p.vae_slicing = j.at("decode").at(1).get<bool>();
+    p.microbatch = j.at("decode").at(2).get<int64_t>();
+    p.checkpoint = j.at("checkpoint").at(0).get<bool>();
+    p.checkpoint_every = j.at("checkpoint").at(1).get<int64_t>();
     p.decode_ranks = j.at("decode_ranks").get<std::vector<int>>();
     auto loras = io::loras_from_json(j.at("loras").dump());
     if (!loras) throw CommError("malformed run plan from rank 0: 'loras'");

@@ -9,6 +9,7 @@
 
 #include "io/lora_file.h"
 #include "io/model_dir.h"
+#include "models/flux/latents.h"
 #include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
@@ -36,9 +37,19 @@ struct RunPlan {
   int64_t patches = 1;
   int64_t warmup_steps = 1;
   std::vector<pipeline::WorkGroup> groups;
-  std::vector<parallel::BlockRange> ranges;  ///< blocks of each rank
-  /// The ranks that decode VAE tiles (parallel::StagePlan::decode_ranks), the leader first; one
-  /// rank (or none): the leader decodes alone.
+  /// `--stages`: ranks per pipeline S (P/S pipelines); `ranges` are the S slices every pipeline runs.
+  int stages = 1;
+  int world_size = 1;
+  std::vector<parallel::BlockRange> ranges;  ///< blocks of each stage (rank of a pipeline)
+  /// What a pipeline leader needs to decode its images and to send their rows to rank 0.
+  flux::LatentGeometry geometry;
+  bool vae_tiling = false;
+  bool vae_slicing = false;
+  int64_t microbatch = 1;
+  bool checkpoint = false;        ///< world rank 0 writes a checkpoint file
+  int64_t checkpoint_every = 1;
+  /// The ranks of a pipeline that decode VAE tiles (parallel::StagePlan::decode_ranks; ranks of the
+  /// pipeline's communicator), its leader first; one rank (or none): the leader decodes alone.
   std::vector<int> decode_ranks;
   std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns
 };

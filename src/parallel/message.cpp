@@ -32,6 +32,7 @@ int64_t dtype_code(at::ScalarType t) {
     case at::kFloat: return 1;
     case at::kBFloat16: return 2;
     case at::kHalf: return 3;
+    case at::kByte: return 4;  // decoded images
     default: return 0;
   }
 }
@@ -41,11 +42,12 @@ std::optional<at::ScalarType> dtype_of_code(int64_t code) {
     case 1: return at::kFloat;
     case 2: return at::kBFloat16;
     case 3: return at::kHalf;
+    case 4: return at::kByte;
     default: return std::nullopt;
   }
 }
 
-bool known_kind(int64_t kind) { return kind >= 1 && kind <= 7; }
+bool known_kind(int64_t kind) { return kind >= 1 && kind <= 11; }
 
 bool mpi_is_cuda_aware() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -80,6 +82,10 @@ const char* message_kind_name(MessageKind kind) {
     case MessageKind::TextStates: return "TextStates";
     case MessageKind::DecodeLatents: return "DecodeLatents";
     case MessageKind::DecodedTile: return "DecodedTile";
+    case MessageKind::End: return "End";
+    case MessageKind::StepRow: return "StepRow";
+    case MessageKind::ImagePixels: return "ImagePixels";
+    case MessageKind::LeaderDone: return "LeaderDone";
   }
   return "UnknownKind";
 }
@@ -128,7 +134,7 @@ HeaderWords encode_header(const MessageHeader& h) {
   w[kHeaderPatchWord] = h.tag.patch;
   for (size_t i = 0; i < h.tensors.size(); ++i) {
     const TensorSpec& t = h.tensors[i];
-    FLUX_CHECK(dtype_code(t.dtype) != 0, "message tensor ", i, " has dtype ", t.dtype, "; messages carry fp32, bf16 or fp16");
+    FLUX_CHECK(dtype_code(t.dtype) != 0, "message tensor ", i, " has dtype ", t.dtype, "; messages carry fp32, bf16, fp16 or uint8");
     FLUX_CHECK(t.shape.size() <= static_cast<size_t>(kMaxTensorDims), "message tensor ", i, " has ", t.shape.size(),
                " dimensions (at most ", kMaxTensorDims, ")");
     int64_t* slot = &w[7 + i * (2 + kMaxTensorDims)];
@@ -209,17 +215,30 @@ struct Messenger::Pending {
   }
 };
 
-Messenger::Messenger(const MpiEnv& env, size_t max_outstanding)
-    : env_(env), max_outstanding_(max_outstanding), uncaught_at_start_(std::uncaught_exceptions()) {
-  FLUX_CHECK(env.mpi_initialised(), "messages need MPI: this process was not started by an MPI launcher");
+// The receive poll_any keeps posted between calls.
+struct Messenger::AnyReceive {
+  HeaderWords words{};
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+Messenger::Messenger(const Communicator& comm, size_t max_outstanding, SendMode mode)
+    : comm_(comm), max_outstanding_(max_outstanding), mode_(mode), uncaught_at_start_(std::uncaught_exceptions()) {
+  FLUX_CHECK(comm.uses_mpi() && !comm.empty(), "messages need MPI: this process was not started by an MPI launcher");
   cuda_aware_ = mpi_is_cuda_aware();
 }
+
+Messenger::Messenger(const MpiEnv& env, size_t max_outstanding) : Messenger(env.world(), max_outstanding) {}
 
 Messenger::~Messenger() {
   if (std::uncaught_exceptions() > uncaught_at_start_) {
     // MPI may still read these buffers until the job aborts: never free them under a request.
     new std::vector<std::unique_ptr<Pending>>(std::move(pending_));
+    if (any_) any_.release();  // the posted receive may still write into its words
     return;
+  }
+  if (any_ && any_->request != MPI_REQUEST_NULL) {
+    MPI_Cancel(&any_->request);
+    MPI_Wait(&any_->request, MPI_STATUS_IGNORE);
   }
   try {
     wait_all();
@@ -229,7 +248,7 @@ Messenger::~Messenger() {
 }
 
 SendHandle Messenger::send(int dest, const MessageTag& tag, std::vector<at::Tensor> tensors) {
-  FLUX_CHECK(dest >= 0 && dest < env_.size(), "send to rank ", dest, " of ", env_.size());
+  FLUX_CHECK(dest >= 0 && dest < comm_.size(), "send to rank ", dest, " of ", comm_.size());
   for (size_t i = 0; i < tensors.size(); ++i)
     FLUX_CHECK(tensors[i].is_contiguous(), "message tensor ", i, " of ", message_kind_name(tag.kind), " is not contiguous");
   if (max_outstanding_ > 0) wait_until_at_most(max_outstanding_ - 1);
@@ -248,15 +267,16 @@ SendHandle Messenger::send(int dest, const MessageTag& tag, std::vector<at::Tens
       p->buffers.push_back(std::move(t));
     }
   }
-  MPI_Comm comm = env_.comms().world;
+  MPI_Comm comm = comm_.handle().comm;
+  auto post = mode_ == SendMode::Synchronous ? MPI_Issend : MPI_Isend;
   p->requests.emplace_back();
-  check_mpi(MPI_Isend(p->header.data(), kHeaderWords, MPI_INT64_T, dest, kHeaderTag, comm, &p->requests.back()),
-            str_cat("MPI_Isend (header to rank ", dest, ")"));
+  check_mpi(post(p->header.data(), kHeaderWords, MPI_INT64_T, dest, kHeaderTag, comm, &p->requests.back()),
+            str_cat("MPI_Isend (header to rank ", world_rank(dest), ")"));
   for (at::Tensor& b : p->buffers) {
     for_each_piece(static_cast<uint8_t*>(b.data_ptr()), static_cast<int64_t>(b.nbytes()), [&](uint8_t* data, int count) {
       p->requests.emplace_back();
-      check_mpi(MPI_Isend(data, count, MPI_BYTE, dest, kPayloadTag, comm, &p->requests.back()),
-                str_cat("MPI_Isend (payload to rank ", dest, ")"));
+      check_mpi(post(data, count, MPI_BYTE, dest, kPayloadTag, comm, &p->requests.back()),
+                str_cat("MPI_Isend (payload to rank ", world_rank(dest), ")"));
     });
   }
   pending_.push_back(std::move(p));
@@ -305,50 +325,63 @@ std::vector<at::Tensor> Messenger::recv(int source, const MessageHeader& expecte
 }
 
 void Messenger::recv_into(int source, const MessageTag& tag, std::vector<at::Tensor>& buffers) {
-  FLUX_CHECK(source >= 0 && source < env_.size(), "receive from rank ", source, " of ", env_.size());
   for (size_t i = 0; i < buffers.size(); ++i)
     FLUX_CHECK(buffers[i].is_contiguous(), "receive buffer ", i, " of ", message_kind_name(tag.kind), " is not contiguous");
   const MessageHeader expected = MessageHeader::of(tag, buffers);
-  BlockedTimer timer(blocked_seconds_);
-  check_header(expected, recv_header(source), source, env_.rank());
-  recv_payload(source, buffers);
+  const MessageHeader actual = recv_header(source);
+  check_header(expected, actual, world_rank(source), world_rank(comm_.rank()));
+  recv_payload(source, actual, buffers);
 }
 
 std::vector<at::Tensor> Messenger::recv_any_shape(int source, const MessageTag& tag, at::Device device) {
-  FLUX_CHECK(source >= 0 && source < env_.size(), "receive from rank ", source, " of ", env_.size());
-  BlockedTimer timer(blocked_seconds_);
   const MessageHeader actual = recv_header(source);
   // The tag as expected, the tensors as sent.
   MessageHeader expected = actual;
   expected.tag = tag;
-  check_header(expected, actual, source, env_.rank());
+  check_header(expected, actual, world_rank(source), world_rank(comm_.rank()));
   std::vector<at::Tensor> buffers;
   for (const TensorSpec& t : actual.tensors)
     buffers.push_back(at::empty(t.shape, at::TensorOptions().dtype(t.dtype).device(device)));
-  recv_payload(source, buffers);
+  recv_payload(source, actual, buffers);
   return buffers;
 }
 
 MessageHeader Messenger::recv_header(int source) {
+  FLUX_CHECK(source >= 0 && source < comm_.size(), "receive from rank ", source, " of ", comm_.size());
+  MPI_Comm comm = comm_.handle().comm;
+  BlockedTimer timer(blocked_seconds_);
+
   // The header is where a rank waits for its neighbour, often most of a step: wait without
   // spinning (Open MPI's blocking receive busy-polls a core), so that ranks sharing cores leave
   // them to the ranks that compute. A pause of at most 200 us costs nothing next to a step.
   HeaderWords words{};
   MPI_Request request = MPI_REQUEST_NULL;
-  const std::string what = str_cat("MPI_Irecv (header from rank ", source, ")");
-  check_mpi(MPI_Irecv(words.data(), kHeaderWords, MPI_INT64_T, source, kHeaderTag, env_.comms().world, &request), what);
+  const std::string what = str_cat("MPI_Irecv (header from rank ", world_rank(source), ")");
+  check_mpi(MPI_Irecv(words.data(), kHeaderWords, MPI_INT64_T, source, kHeaderTag, comm, &request), what);
   int done = 0;
   for (int64_t pause_us = 1;;) {
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
     if (done) break;
+    if (idle_) {
+      idle_();
+      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
+      if (done) break;
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     pause_us = std::min<int64_t>(2 * pause_us, 200);
   }
-  return decode_header(words, source, env_.rank());
+  return decode_header(words, world_rank(source), world_rank(comm_.rank()));
 }
 
-void Messenger::recv_payload(int source, std::vector<at::Tensor>& buffers) {
-  MPI_Comm comm = env_.comms().world;
+void Messenger::recv_payload(int source, const MessageHeader& header, std::vector<at::Tensor>& buffers) {
+  FLUX_CHECK(buffers.size() == header.tensors.size(), "payload of ", header.describe(), " into ", buffers.size(), " buffers");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    FLUX_CHECK(buffers[i].is_contiguous() && buffers[i].scalar_type() == header.tensors[i].dtype &&
+                   buffers[i].sizes().vec() == header.tensors[i].shape,
+               "receive buffer ", i, " does not fit ", header.describe());
+  }
+  MPI_Comm comm = comm_.handle().comm;
+  BlockedTimer timer(blocked_seconds_);
   for (at::Tensor& b : buffers) {
     at::Tensor target = b;
     if (b.is_cuda()) {
@@ -358,10 +391,26 @@ void Messenger::recv_payload(int source, std::vector<at::Tensor>& buffers) {
     for_each_piece(static_cast<uint8_t*>(target.data_ptr()), static_cast<int64_t>(target.nbytes()),
                    [&](uint8_t* data, int count) {
                      check_mpi(MPI_Recv(data, count, MPI_BYTE, source, kPayloadTag, comm, MPI_STATUS_IGNORE),
-                               str_cat("MPI_Recv (payload from rank ", source, ")"));
+                               str_cat("MPI_Recv (payload from rank ", world_rank(source), ")"));
                    });
     if (!target.is_same(b)) b.copy_(target);
   }
+}
+
+std::optional<Incoming> Messenger::poll_any() {
+  MPI_Comm comm = comm_.handle().comm;
+  if (!any_) any_ = std::make_unique<AnyReceive>();
+  if (any_->request == MPI_REQUEST_NULL)
+    check_mpi(MPI_Irecv(any_->words.data(), kHeaderWords, MPI_INT64_T, MPI_ANY_SOURCE, kHeaderTag, comm, &any_->request),
+              "MPI_Irecv (header from any rank)");
+  int done = 0;
+  MPI_Status status;
+  check_mpi(MPI_Test(&any_->request, &done, &status), "MPI_Test (header from any rank)");
+  if (!done) return std::nullopt;
+  Incoming in;
+  in.source = status.MPI_SOURCE;
+  in.header = decode_header(any_->words, world_rank(in.source), world_rank(comm_.rank()));
+  return in;
 }
 
 }  // namespace fluxmpi::parallel

@@ -12,10 +12,13 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "parallel/communicator.h"
 #include "parallel/mpi_env.h"
 
 namespace fluxmpi::parallel {
@@ -39,9 +42,20 @@ enum class MessageKind : int32_t {
   DecodeLatents = 6,
   /// Back to the leader: one decoded tile [B, out_channels, th * s, tw * s] (step = the tile).
   DecodedTile = 7,
+  /// A pipeline leader to the next rank of its pipeline, passed on to the last: no more work
+  /// (`--stages`, dynamic hand-out; an empty [0] tensor).
+  End = 8,
+  /// A pipeline leader to world rank 0, the checkpoint writer (pipeline/leader_channel.h): a
+  /// group's step, with its latents and noise prediction [m, L_img, C] when the row is stored (else
+  /// an empty [0] tensor).
+  StepRow = 9,
+  /// A pipeline leader to world rank 0: one decoded image, uint8 [H, W, 3].
+  ImagePixels = 10,
+  /// A pipeline leader to world rank 0: all of its rows and images are sent (an empty [0] tensor).
+  LeaderDone = 11,
 };
 /// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates" | "DecodeLatents" |
-/// "DecodedTile"
+/// "DecodedTile" | "End" | "StepRow" | "ImagePixels" | "LeaderDone"
 const char* message_kind_name(MessageKind kind);
 
 /// Which image, step and pass a message belongs to.
@@ -82,7 +96,7 @@ inline constexpr int kHeaderPatchWord = kHeaderWords - 1;
 using HeaderWords = std::array<int64_t, kHeaderWords>;
 
 /// The wire form of a header. InternalError for a header fluxmpi must never send (more tensors
-/// or dimensions than the limits, a dtype other than fp32/bf16/fp16).
+/// or dimensions than the limits, a dtype other than fp32/bf16/fp16/uint8).
 HeaderWords encode_header(const MessageHeader& header);
 /// Reads a received header. CommError "rank <receiver> received a malformed message header from
 /// rank <sender>: ..." for anything encode_header cannot produce.
@@ -96,11 +110,30 @@ struct SendHandle {
   uint64_t id = 0;
 };
 
-/// Point-to-point messages of one rank. Calls come from the thread that created the MpiEnv.
+/// A header received from any member (Messenger::poll_any).
+struct Incoming {
+  int source = 0;  ///< the sender's rank in the messenger's communicator
+  MessageHeader header;
+};
+
+/// How sends complete.
+enum class SendMode {
+  /// MPI_Isend: small messages may complete before the receiver asked for them (eager).
+  Standard,
+  /// MPI_Issend: a send completes only once the receiver has matched it, so that `max_outstanding`
+  /// bounds what is in flight end to end (the leaders' rows to the checkpoint writer: a slow file
+  /// system holds the senders back instead of filling the writer's memory).
+  Synchronous,
+};
+
+/// Point-to-point messages of one rank within one communicator (ranks are the communicator's;
+/// errors name world ranks). Calls come from the thread that created the MpiEnv.
 class Messenger {
  public:
   /// `max_outstanding` > 0: send() first waits for the oldest sends until fewer than that many
   /// are in flight (bounds the memory held by buffers). 0: no bound.
+  explicit Messenger(const Communicator& comm, size_t max_outstanding = 0, SendMode mode = SendMode::Standard);
+  /// Over every rank of the job.
   explicit Messenger(const MpiEnv& env, size_t max_outstanding = 0);
   /// Waits for the outstanding sends. While an exception unwinds, abandons them instead (the job
   /// is about to abort; their buffers are deliberately not freed under a pending MPI request).
@@ -136,6 +169,24 @@ class Messenger {
   /// together with `tag` are the expected header.
   void recv_into(int source, const MessageTag& tag, std::vector<at::Tensor>& buffers);
 
+  /// The two halves of a receive, for a receiver that learns from the header what comes (a
+  /// pipeline rank under dynamic hand-out, the checkpoint writer): the next header from `source`
+  /// (blocking, sleeping between polls), then its tensors into buffers of the header's dtypes and
+  /// shapes (contiguous; InternalError otherwise). The caller checks the header before it takes
+  /// the payload.
+  MessageHeader recv_header(int source);
+  void recv_payload(int source, const MessageHeader& header, std::vector<at::Tensor>& buffers);
+  /// A header from any member, if one has arrived (never blocks); its payload must be taken with
+  /// recv_payload before the next poll. Keeps one receive posted between calls.
+  std::optional<Incoming> poll_any();
+
+  /// Called while a receive waits for its header (between polls): rank 0 serves the other
+  /// leaders' rows while it waits for its own pipeline. Must not use this messenger.
+  void set_idle(std::function<void()> idle) { idle_ = std::move(idle); }
+
+  /// The world rank of member `rank` of the messenger's communicator.
+  int world_rank(int rank) const { return comm_.world_rank(rank); }
+
   /// Whether CUDA tensors go to MPI directly (MPIX_Query_cuda_support).
   bool cuda_aware() const { return cuda_aware_; }
 
@@ -145,12 +196,12 @@ class Messenger {
 
  private:
   struct Pending;
-  /// Blocks (without spinning) until the next header from `source` is there; decodes it.
-  MessageHeader recv_header(int source);
-  /// The payload that follows a header, into `buffers` (its tensors' shapes and dtypes).
-  void recv_payload(int source, std::vector<at::Tensor>& buffers);
-  const MpiEnv& env_;
+  struct AnyReceive;
+  const Communicator& comm_;
   size_t max_outstanding_;
+  SendMode mode_;
+  std::function<void()> idle_;
+  std::unique_ptr<AnyReceive> any_;
   bool cuda_aware_ = false;
   uint64_t next_id_ = 1;
   int uncaught_at_start_ = 0;

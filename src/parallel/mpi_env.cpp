@@ -76,6 +76,10 @@ MpiEnv::MpiEnv(int* argc, char*** argv) : comms_(std::make_unique<Comms>()) {
 
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comms_->world), "MPI_Comm_dup");
   check_mpi(MPI_Comm_set_errhandler(comms_->world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  auto world = std::make_unique<Communicator::Handle>();
+  world->comm = comms_->world;
+  world->mpi = true;
+  world_ = Communicator::adopt(std::move(world));
   check_mpi(MPI_Comm_rank(comms_->world, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comms_->world, &size_), "MPI_Comm_size");
   log::set_rank(rank_, size_);
@@ -110,7 +114,8 @@ MpiEnv::~MpiEnv() {
     abort(kExitFailure);
   }
   if (comms_->node != MPI_COMM_NULL) MPI_Comm_free(&comms_->node);
-  if (comms_->world != MPI_COMM_NULL) MPI_Comm_free(&comms_->world);
+  world_ = Communicator();  // frees the world's duplicate
+  comms_->world = MPI_COMM_NULL;
   MPI_Finalize();
 }
 
@@ -148,6 +153,13 @@ int MpiEnv::agree(int local_exit_code) const {
   if (!mpi_) return result;
   check_mpi(MPI_Allreduce(&local_exit_code, &result, 1, MPI_INT, MPI_MAX, comms_->world), "MPI_Allreduce (agree)");
   return result;
+}
+
+std::vector<std::string> MpiEnv::node_names() const {
+  std::vector<std::string> out;
+  for (const auto& bytes : world_.all_gather_bytes(std::vector<uint8_t>(node_name_.begin(), node_name_.end())))
+    out.emplace_back(bytes.begin(), bytes.end());
+  return out;
 }
 
 void MpiEnv::barrier() const {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/communicator.h"
+
 namespace fluxmpi::parallel {
 
 class MpiEnv {
@@ -55,12 +57,18 @@ class MpiEnv {
   /// on one rank, when others may be waiting for it.
   [[noreturn]] void abort(int code) const;
 
+  /// Every rank of the job (a duplicate of MPI_COMM_WORLD; this process alone without MPI).
+  const Communicator& world() const { return world_; }
+  /// The processor name of every rank, in rank order. Collective.
+  std::vector<std::string> node_names() const;
+
   /// Communicators, kept out of this header (defined in parallel/mpi_internal.h).
   struct Comms;
   const Comms& comms() const { return *comms_; }
 
  private:
   std::unique_ptr<Comms> comms_;
+  Communicator world_;
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;

@@ -14,13 +14,20 @@
 
 #include <string>
 
+#include "parallel/communicator.h"
 #include "parallel/mpi_env.h"
 
 namespace fluxmpi::parallel {
 
+struct Communicator::Handle {
+  MPI_Comm comm = MPI_COMM_NULL;  ///< MPI_COMM_NULL: no MPI, or this rank is outside the group
+  bool mpi = false;               ///< MPI is initialised and `comm` is this object's to free
+};
+
 struct MpiEnv::Comms {
   /// A duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN: fluxmpi's traffic cannot match
-  /// messages of other libraries, and MPI errors become CommError exceptions.
+  /// messages of other libraries, and MPI errors become CommError exceptions. Owned by
+  /// MpiEnv::world() (the Communicator), aliased here.
   MPI_Comm world = MPI_COMM_NULL;
   /// The ranks of this node (MPI_COMM_TYPE_SHARED).
   MPI_Comm node = MPI_COMM_NULL;

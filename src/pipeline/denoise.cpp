@@ -2,6 +2,8 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <map>
+
 #include "core/error.h"
 #include "models/flux/latents.h"
 #include "pipeline/kontext.h"
@@ -52,7 +54,13 @@ class Worker {
  public:
   Worker(const DenoiseSetup& setup, const flux::StageModel& part, const parallel::StagePlan& plan, int rank,
          parallel::Messenger* messenger)
-      : setup_(setup), part_(part), plan_(plan), rank_(rank), P_(plan.world_size()), messenger_(messenger) {
+      : setup_(setup),
+        part_(part),
+        plan_(plan),
+        rank_(rank),
+        P_(plan.world_size()),
+        fault_rank_(setup.first_world_rank + rank),
+        messenger_(messenger) {
     FLUX_CHECK(P_ == 1 || messenger_ != nullptr, "a messenger is needed with ", P_, " ranks");
     FLUX_CHECK(setup.patches >= 1 && setup.warmup_steps >= 1, "patches ", setup.patches, ", warm-up steps ",
                setup.warmup_steps);
@@ -80,10 +88,9 @@ class Worker {
     return patch_units_;
   }
 
-  // Receives the stream state of one unit from the previous rank.
-  flux::StreamState receive_state(const WorkGroup& g, int64_t step, int pass, const Unit& u) {
-    const auto& prev = plan_.blocks(rank_ - 1);
-    const bool joint = !prev.ends_in_double();
+  // The buffers of one unit's stream state as the previous rank sends it.
+  std::vector<at::Tensor> state_buffers(const WorkGroup& g, const Unit& u) const {
+    const bool joint = receives_joint();
     const int64_t m = g.count, S = u.text, D = part_.stream_dim(), M = part_.modulation_dim();
     const int64_t L = u.image.count + (u.patch < 0 ? setup_.reference_tokens() : 0);  // Kontext: + the reference
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
@@ -91,10 +98,14 @@ class Worker {
     if (joint) buffers = {at::empty({m, S + L, D}, opts), at::empty({m, D}, opts)};
     else buffers = {at::empty({m, S, D}, opts), at::empty({m, L, D}, opts), at::empty({m, D}, opts)};
     if (M > 0) buffers.push_back(at::empty({m, M}, opts));
-    messenger_->recv_into(rank_ - 1, MessageTag{kind_of(joint), g.first_image, step, pass, u.patch}, buffers);
+    return buffers;
+  }
+  bool receives_joint() const { return !plan_.blocks(rank_ - 1).ends_in_double(); }
+
+  flux::StreamState state_of(std::vector<at::Tensor>& buffers, const Unit& u) const {
     flux::StreamState s;
-    s.text_len = S;
-    if (joint) {
+    s.text_len = u.text;
+    if (receives_joint()) {
       s.joint = buffers[0];
       s.temb = buffers[1];
     } else {
@@ -102,14 +113,14 @@ class Worker {
       s.img = buffers[1];
       s.temb = buffers[2];
     }
-    if (M > 0) s.modulation = buffers.back();
+    if (part_.modulation_dim() > 0) s.modulation = buffers.back();
     return s;
   }
 
   void send_state(const flux::StreamState& s, const WorkGroup& g, int64_t step, int pass, const Unit& u) {
     // A Header fault labels the message with a step the receiver does not expect, a Patch fault
     // (in a pipelined step) with the next patch.
-    const bool fire = setup_.fault.fires(rank_, step);
+    const bool fire = setup_.fault.fires(fault_rank_, step);
     const int64_t label = fire && setup_.fault.kind == Fault::Kind::Header ? step + 1000 : step;
     const int32_t patch = fire && setup_.fault.kind == Fault::Kind::Patch && u.patch >= 0 ? u.patch + 1 : u.patch;
     messenger_->send(rank_ + 1, MessageTag{kind_of(s.is_joint()), g.first_image, label, pass, patch}, pack_state(s));
@@ -122,65 +133,142 @@ class Worker {
     return buffers[0];
   }
 
-  // Ranks 1..P-1: every unit in the order rank 0 sends them.
+  // Ranks 1..S-1: the units in the order they arrive, until the End marker. Each group's units
+  // must come in their own order (its steps, within a step its units, within a unit its passes):
+  // the header is checked against the group's next unit.
   void run_downstream() {
-    for (int64_t step = 0; step < setup_.steps; ++step) {
-      for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
-        const WorkGroup& g = setup_.groups[gi];
-        if (step < g.start_step) continue;
-        for (const Unit& u : units(g, step)) {
-          for (int pass = 0; pass < setup_.passes; ++pass) {
-            trigger(setup_.fault, rank_, step);
-            flux::StreamState s = receive_state(g, step, pass, u);
-            run_blocks(s, gi, step, pass, u);
-            if (rank_ + 1 < P_) {
-              send_state(s, g, step, pass, u);
-            } else {
-              messenger_->send(0, MessageTag{MessageKind::NoisePred, g.first_image, step, pass, u.patch},
-                               {noise_prediction(s, u).contiguous()});
-            }
-          }
+    struct Cursor {
+      int64_t step = 0;
+      size_t unit = 0;
+      int pass = 0;
+    };
+    std::vector<Cursor> next(setup_.groups.size());
+    std::map<int64_t, size_t> group_of;  // first image -> group
+    for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
+      next[gi].step = setup_.groups[gi].start_step;
+      group_of[setup_.groups[gi].first_image] = gi;
+    }
+    const int from = rank_ - 1;
+    for (;;) {
+      const parallel::MessageHeader header = messenger_->recv_header(from);
+      if (header.tag.kind == MessageKind::End) {
+        std::vector<at::Tensor> none = {end_marker()};
+        check_header(parallel::MessageHeader::of(end_tag(), none), header, from);
+        messenger_->recv_payload(from, header, none);
+        if (rank_ + 1 < P_) messenger_->send(rank_ + 1, end_tag(), {end_marker()});
+        break;
+      }
+      auto it = group_of.find(header.tag.image);
+      if (it == group_of.end() || next[it->second].step >= setup_.steps)
+        throw CommError(str_cat("rank ", world_rank(rank_), " received ", header.describe(), " from rank ", world_rank(from), ": ",
+                                it == group_of.end() ? "no work group of this job starts at that image"
+                                                     : "that group's last step is done"));
+      const size_t gi = it->second;
+      const WorkGroup& g = setup_.groups[gi];
+      Cursor& c = next[gi];
+      const std::vector<Unit> us = units(g, c.step);
+      const Unit& u = us[c.unit];
+      trigger(setup_.fault, fault_rank_, c.step);
+      std::vector<at::Tensor> buffers = state_buffers(g, u);
+      check_header(parallel::MessageHeader::of(MessageTag{kind_of(receives_joint()), g.first_image, c.step, c.pass, u.patch}, buffers),
+                   header, from);
+      messenger_->recv_payload(from, header, buffers);
+      flux::StreamState s = state_of(buffers, u);
+      run_blocks(s, gi, c.step, c.pass, u);
+      if (rank_ + 1 < P_) {
+        send_state(s, g, c.step, c.pass, u);
+      } else {
+        messenger_->send(0, MessageTag{MessageKind::NoisePred, g.first_image, c.step, c.pass, u.patch},
+                         {noise_prediction(s, u).contiguous()});
+      }
+      if (++c.pass == setup_.passes) {
+        c.pass = 0;
+        if (++c.unit == us.size()) {
+          c.unit = 0;
+          ++c.step;
         }
       }
     }
     messenger_->wait_all();
   }
 
-  // Rank 0: embeds, runs its blocks, and applies the scheduler.
+  // Rank 0: embeds, runs its blocks, and applies the scheduler; the groups in flight are visited
+  // round robin, each visit running one step of the group (see denoise.h).
   void run_root(RootState& root) {
     FLUX_CHECK(root.groups.size() == setup_.groups.size(), "one input set per work group");
-    for (int64_t step = 0; step < setup_.steps; ++step) {
-      for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
-        const WorkGroup& g = setup_.groups[gi];
-        if (step < g.start_step) continue;
-        const std::vector<Unit> us = units(g, step);
-        for (size_t ui = 0; ui < us.size(); ++ui) {
-          // Steady state: what this unit needs of the group's previous step is back from the last rank.
-          if (P_ > 1 && step > g.start_step) collect_previous(root, gi, step, ui);
-          std::vector<at::Tensor> local;
-          for (int pass = 0; pass < setup_.passes; ++pass) {
-            trigger(setup_.fault, rank_, step);
-            flux::StreamState s = part_.embed(inputs(root, gi, step, pass, us[ui]));
-            run_blocks(s, gi, step, pass, us[ui]);
-            if (P_ == 1) local.push_back(noise_prediction(s, us[ui]));
-            else send_state(s, g, step, pass, us[ui]);
-          }
-          if (P_ == 1) finish_unit(root, gi, step, us[ui], local);
+    struct Active {
+      size_t group;
+      int64_t step;  // the next step to run; == steps: the last one is on its way back
+    };
+    std::vector<Active> active;
+    size_t handed = 0;  // without a source: the groups in order
+    auto take = [&]() -> std::optional<size_t> {
+      if (root.source != nullptr) return root.source->next();
+      if (handed < setup_.groups.size()) return handed++;
+      return std::nullopt;
+    };
+    const size_t slots = root.slots > 0 ? root.slots : setup_.groups.size();
+    auto refill = [&] {
+      while (active.size() < slots) {
+        const std::optional<size_t> gi = take();
+        if (!gi) break;
+        FLUX_CHECK(*gi < setup_.groups.size(), "work group ", *gi, " of ", setup_.groups.size());
+        active.push_back({*gi, setup_.groups[*gi].start_step});
+      }
+    };
+    // Fill: the first `slots` groups; steady state: one step of each group in flight per round;
+    // drain: a group's last step comes back at its next visit, and a new group takes its slot.
+    refill();
+    while (!active.empty()) {
+      for (size_t a = 0; a < active.size();) {
+        const size_t gi = active[a].group;
+        const int64_t step = active[a].step;
+        if (step == setup_.steps) {
+          if (P_ > 1)
+            for (const Unit& u : units(setup_.groups[gi], step - 1)) finish_unit(root, gi, step - 1, u, collect(setup_.groups[gi], step - 1, u));
+          active.erase(active.begin() + static_cast<std::ptrdiff_t>(a));
+          if (root.on_group_done) root.on_group_done(gi);
+          refill();
+          continue;
         }
+        run_step(root, gi, step);
+        ++active[a].step;
+        ++a;
       }
     }
-    // Drain: the last step of every group.
     if (P_ > 1) {
-      for (size_t gi = 0; gi < setup_.groups.size(); ++gi) {
-        const WorkGroup& g = setup_.groups[gi];
-        if (g.start_step >= setup_.steps) continue;
-        for (const Unit& u : units(g, setup_.steps - 1)) finish_unit(root, gi, setup_.steps - 1, u, collect(g, setup_.steps - 1, u));
-      }
+      messenger_->send(1, end_tag(), {end_marker()});
       messenger_->wait_all();
     }
   }
 
+  // Rank 0: one step of a group, unit by unit.
+  void run_step(RootState& root, size_t gi, int64_t step) {
+    const WorkGroup& g = setup_.groups[gi];
+    const std::vector<Unit> us = units(g, step);
+    for (size_t ui = 0; ui < us.size(); ++ui) {
+      // Steady state: what this unit needs of the group's previous step is back from the last rank.
+      if (P_ > 1 && step > g.start_step) collect_previous(root, gi, step, ui);
+      std::vector<at::Tensor> local;
+      for (int pass = 0; pass < setup_.passes; ++pass) {
+        trigger(setup_.fault, fault_rank_, step);
+        flux::StreamState s = part_.embed(inputs(root, gi, step, pass, us[ui]));
+        run_blocks(s, gi, step, pass, us[ui]);
+        if (P_ == 1) local.push_back(noise_prediction(s, us[ui]));
+        else send_state(s, g, step, pass, us[ui]);
+      }
+      if (P_ == 1) finish_unit(root, gi, step, us[ui], local);
+    }
+  }
+
  private:
+  static MessageTag end_tag() { return MessageTag{MessageKind::End, -1, -1, 0, -1}; }
+  static at::Tensor end_marker() { return at::empty({0}, at::kFloat); }
+  int world_rank(int rank) const { return setup_.first_world_rank + rank; }
+  void check_header(const parallel::MessageHeader& expected, const parallel::MessageHeader& actual, int from) const {
+    parallel::check_header(expected, actual, world_rank(from), world_rank(rank_));
+  }
+
   // Rank 0, before unit `ui` of `step`: the previous step's unit of the same rows when both steps
   // have the same units, else (the first pipelined step after the warm-up) all of it at once.
   void collect_previous(RootState& root, size_t gi, int64_t step, size_t ui) {
@@ -283,6 +371,7 @@ class Worker {
   const flux::StageModel& part_;
   const parallel::StagePlan& plan_;
   int rank_, P_;
+  int fault_rank_;  // the world rank faults name
   parallel::Messenger* messenger_;
   flux::RopeTables rope_;
   std::vector<Unit> patch_units_;                             // the M patches of a pipelined step

@@ -12,6 +12,16 @@
 /// it embeds and runs groups g+1, g+2, ... (with at least P groups every rank is busy in the
 /// steady state). Every group is computed alone, so results do not depend on P nor on the order.
 ///
+/// Hand-out (`--stages`, several pipelines in one job): rank 0 of the pipeline (its leader) takes
+/// groups from a WorkSource — the job's shared counter — and keeps at most `slots` of them in
+/// flight, visiting them round robin: on each visit it collects what the group's previous step
+/// needs and runs the next step; a group whose last step is back is finished (on_group_done) and
+/// its slot is refilled at once. Without a source every group of the job is in flight from the
+/// start, and the round robin is the step-major order above. The other ranks of the pipeline do
+/// not know which groups their leader takes: they take the units in the order they arrive (the
+/// header names the group's first image; each group's units must come in their own order, checked
+/// against the header) until the leader's End marker.
+///
 /// Patch pipelining (PipeFusion; `patches` M > 1): a group's first `warmup_steps` W steps (from
 /// its start step) run exact as above and fill each rank's per-block key/value caches
 /// (flux::KvCache, one per block, group and pass); every later step cuts the image tokens into M
@@ -68,7 +78,9 @@ struct DenoiseSetup {
   std::vector<WorkGroup> groups;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
-  Fault fault;  ///< reliability tests only (FLUXMPI_FAULT)
+  Fault fault;  ///< reliability tests only (FLUXMPI_FAULT, FLUXMPI_DELAY)
+  /// The world rank of this pipeline's rank 0: faults name world ranks (0 with one pipeline).
+  int first_world_rank = 0;
 
   int64_t image_tokens() const { return (latent_height / 2) * (latent_width / 2); }
   int64_t reference_tokens() const { return (reference_height / 2) * (reference_width / 2); }
@@ -101,6 +113,14 @@ class DenoiseObserver {
   virtual void on_step(const WorkGroup& group, int64_t step, const at::Tensor& latents, const at::Tensor& v) = 0;
 };
 
+/// Where a pipeline leader takes its work groups from (`--stages`: the job's shared counter).
+class WorkSource {
+ public:
+  virtual ~WorkSource() = default;
+  /// The index into DenoiseSetup::groups of the next group to run; none when the job has none left.
+  virtual std::optional<size_t> next() = 0;
+};
+
 /// What only rank 0 holds.
 struct RootState {
   sched::Schedule schedule;
@@ -111,9 +131,17 @@ struct RootState {
   /// Applied to each scheduler step's output before anyone sees it (inpaint's blend): the group's
   /// index, the step, the image tokens the rows cover, and the stepped rows [m, rows, 4C].
   std::function<at::Tensor(size_t group, int64_t step, TokenRange rows, const at::Tensor& stepped)> after_step;
+  /// Dynamic hand-out: groups come from `source` (null: every group, all in flight from the start,
+  /// in order), at most `slots` in flight (0: no limit). GroupInputs of the groups never taken may
+  /// be left undefined.
+  WorkSource* source = nullptr;
+  size_t slots = 0;
+  /// After a group's last step: its final latents are in groups[group].latents.
+  std::function<void(size_t group)> on_group_done;
 };
 
-/// Runs this rank's share of every step of every group. `messenger` may be null when P = 1.
+/// Runs this rank's share of every step of every group its pipeline takes. `plan` and `rank` are
+/// the pipeline's (S ranks; `messenger` over the pipeline's communicator, null when S = 1).
 /// `root` is required on rank 0 and ignored elsewhere.
 void denoise(const DenoiseSetup& setup, const flux::StageModel& part, const parallel::StagePlan& plan, int rank,
              parallel::Messenger* messenger, RootState* root);

@@ -1,6 +1,8 @@
 #include "pipeline/fault.h"
 
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <cstdlib>
 #include <regex>
 
@@ -24,13 +26,24 @@ Fault Fault::parse(const std::string& text) {
   return f;
 }
 
+void Fault::parse_delay(const std::string& text, Fault& fault) {
+  static const std::regex re(R"(^(\d+):(\d+)$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, re) || m[1].length() > 6 || m[2].length() > 7)
+    throw UsageError(str_cat("FLUXMPI_DELAY must be <rank>:<milliseconds>, got '", text, "'"));
+  fault.delay_rank = std::stoi(m[1]);
+  fault.delay_ms = std::stoll(m[2]);
+}
+
 Fault Fault::from_environment() {
-  const char* env = std::getenv("FLUXMPI_FAULT");
-  if (env == nullptr || *env == '\0') return {};
-  return parse(env);
+  Fault f;
+  if (const char* env = std::getenv("FLUXMPI_FAULT"); env != nullptr && *env != '\0') f = parse(env);
+  if (const char* env = std::getenv("FLUXMPI_DELAY"); env != nullptr && *env != '\0') parse_delay(env, f);
+  return f;
 }
 
 void trigger(const Fault& fault, int rank, int64_t step) {
+  if (fault.delay_rank == rank && fault.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault.delay_ms));
   if (!fault.fires(rank, step)) return;
   if (fault.kind == Fault::Kind::Throw)
     throw InternalError(str_cat("fault injected by FLUXMPI_FAULT at step ", step));

@@ -32,7 +32,7 @@ int tile_owner(size_t k, const std::vector<int>& ranks) {
   return ranks[k % ranks.size()];
 }
 
-TileDecodeLeader::TileDecodeLeader(const parallel::MpiEnv& comm, std::vector<int> ranks, at::ScalarType dtype,
+TileDecodeLeader::TileDecodeLeader(const parallel::Communicator& comm, std::vector<int> ranks, at::ScalarType dtype,
                                    at::Device device)
     : comm_(comm), ranks_(std::move(ranks)), dtype_(dtype), device_(device), messenger_(comm) {
   FLUX_CHECK(ranks_.size() >= 2 && ranks_.front() == comm.rank(), "a spread decode needs the leader and a helper");
@@ -70,7 +70,7 @@ void TileDecodeLeader::finish() {
   messenger_.wait_all();
 }
 
-int64_t help_tile_decode(const parallel::MpiEnv& comm, const std::vector<int>& ranks,
+int64_t help_tile_decode(const parallel::Communicator& comm, const std::vector<int>& ranks,
                          const std::function<TileDecoder()>& load, at::Device device) {
   const int me = comm.rank(), leader = ranks.front();
   FLUX_CHECK(std::find(ranks.begin() + 1, ranks.end(), me) != ranks.end(), "rank ", me, " is no decode helper");

@@ -6,9 +6,9 @@
 /// decoder call on the same input as in the one-rank tiled loop (vae::run_tiled), so the image is
 /// bit-identical to it, given equal --threads per rank.
 ///
-/// `comm` is the ranks of this pipeline (today the whole job) and its rank 0 is the leader; the
-/// decode ranks are ranks of `comm`. Helpers take part after their transformer work for the job is
-/// done: they load the VAE decoder when the first pass arrives.
+/// `comm` is the ranks of this pipeline (the whole job without --stages) and its rank 0 is the
+/// leader; the decode ranks are ranks of `comm`. Helpers take part after their transformer work for
+/// the job is done: they load the VAE decoder when the first pass arrives.
 
 #include <ATen/ATen.h>
 
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "models/vae/tiling.h"
+#include "parallel/communicator.h"
 #include "parallel/message.h"
-#include "parallel/mpi_env.h"
 
 namespace fluxmpi::pipeline {
 
@@ -30,7 +30,7 @@ class TileDecodeLeader : public vae::TiledDecode {
  public:
   /// `ranks`: the decode ranks of `comm`, the leader (its rank 0) first; `dtype` and `device` are
   /// those of the decoder's output on every rank (the run's).
-  TileDecodeLeader(const parallel::MpiEnv& comm, std::vector<int> ranks, at::ScalarType dtype, at::Device device);
+  TileDecodeLeader(const parallel::Communicator& comm, std::vector<int> ranks, at::ScalarType dtype, at::Device device);
   TileDecodeLeader(const TileDecodeLeader&) = delete;
   TileDecodeLeader& operator=(const TileDecodeLeader&) = delete;
 
@@ -46,7 +46,7 @@ class TileDecodeLeader : public vae::TiledDecode {
   double blocked_seconds() const { return messenger_.blocked_seconds(); }
 
  private:
-  const parallel::MpiEnv& comm_;
+  const parallel::Communicator& comm_;
   std::vector<int> ranks_;
   at::ScalarType dtype_;
   at::Device device_;
@@ -64,7 +64,7 @@ struct TileDecoder {
 /// A helper's side (a decode rank other than the leader): receives pass after pass from the leader
 /// until it says no more, decodes its tiles of each (the decoder comes from `load`, called once,
 /// at the first pass) and sends them back. Returns the tiles it decoded.
-int64_t help_tile_decode(const parallel::MpiEnv& comm, const std::vector<int>& ranks,
+int64_t help_tile_decode(const parallel::Communicator& comm, const std::vector<int>& ranks,
                          const std::function<TileDecoder()>& load, at::Device device);
 
 }  // namespace fluxmpi::pipeline

@@ -85,6 +85,7 @@ TEST_F(Options, MinimalCommandLineTakesTheDocumentedDefaults) {
   EXPECT_EQ(c.balance, "compute");
   EXPECT_EQ(c.partition, "");
   EXPECT_EQ(c.max_memory, "");
+  EXPECT_EQ(c.stages, 0);
   EXPECT_EQ(c.microbatch, 1);
   EXPECT_EQ(c.patches, 1);
   EXPECT_EQ(c.warmup_steps, 1);
@@ -101,7 +102,7 @@ TEST_F(Options, EveryOptionReachesTheRunConfig) {
                             "--guidance", "4", "--max-sequence-length", "128", "--checkpoint", path("run.h5"),
                             "--checkpoint-every", "5", "--dtype", "bf16", "--device", "cuda", "--threads", "8", "--balance",
                             "memory", "--partition", "0:0-8,1:9-56", "--max-memory", "0=16GiB,1=24GiB", "--microbatch", "2",
-                            "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "debug", "--no-progress"}));
+                            "--stages", "4", "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "debug", "--no-progress"}));
   EXPECT_EQ(c.prompt_2, "t5 text");
   EXPECT_EQ(c.negative_prompt, std::optional<std::string>("blurry"));
   EXPECT_EQ(c.true_cfg, 2.5);
@@ -123,6 +124,7 @@ TEST_F(Options, EveryOptionReachesTheRunConfig) {
   EXPECT_EQ(c.partition, "0:0-8,1:9-56");
   EXPECT_EQ(c.max_memory, "0=16GiB,1=24GiB");
   EXPECT_EQ(c.microbatch, 2);
+  EXPECT_EQ(c.stages, 4);
   EXPECT_TRUE(c.keep_encoders);
   EXPECT_TRUE(c.dry_run);
   EXPECT_EQ(c.log_level, log::Level::Debug);
@@ -164,6 +166,7 @@ TEST_F(Options, NumericValidationNamesTheOptionAndTheValue) {
   EXPECT_EQ(err({"--num-images", "100001"}), "--num-images must be at most 100000, got 100001");
   EXPECT_EQ(err({"--num-images", "0"}), "--num-images must be positive, got 0");
   EXPECT_EQ(err({"--microbatch", "0"}), "--microbatch must be positive, got 0");
+  EXPECT_EQ(err({"--stages", "0"}), "--stages must be positive, got 0");
   EXPECT_EQ(err({"--patches", "0"}), "--patches must be positive, got 0");
   EXPECT_EQ(err({"--warmup-steps", "0"}), "--warmup-steps must be positive, got 0");
   EXPECT_EQ(err({"--checkpoint-every", "0"}), "--checkpoint-every must be positive, got 0");
@@ -401,7 +404,7 @@ TEST_F(Options, HelpListsEveryOptionWithItsDefault) {
                            "--num-images", "--seed", "--height", "--width", "--steps", "--guidance",
                            "--max-sequence-length", "--output", "--checkpoint", "--checkpoint-every", "--resume", "--dtype",
                            "--device", "--threads", "--balance", "--partition", "--max-memory", "--microbatch",
-                           "--patches", "--warmup-steps", "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
+                           "--stages", "--patches", "--warmup-steps", "--keep-encoders", "--vae-tiling", "--vae-slicing", "--dry-run", "--log-level", "--no-progress", "--config", "--help", "--version",
                            "--lora"})
     EXPECT_THAT(r.text, HasSubstr(name));
   for (const char* group : {"Model options", "Sampling options", "Parallel options", "Output options", "General options"})

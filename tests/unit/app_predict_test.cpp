@@ -1,8 +1,8 @@
 // `fluxmpi --dry-run --predict PROFILE` (app/predict.h) on a hollow FLUX.1-dev folder: the printed
 // prediction is exactly what tools/sim/fluxsim.py prints when run directly with the job's options
-// (ranks, the plan's slices, sizes, steps, patches, microbatch, images, prompts, passes, checkpoint,
-// tiled decode over the decode ranks); a missing python3, a missing, malformed or mismatched
-// profile, --predict without --dry-run and a FLUX.2 job are one line each.
+// (ranks and --stages, one pipeline's slices, sizes, steps, patches, microbatch, images, prompts,
+// passes, checkpoint, tiled decode over the decode ranks); a missing python3, a missing, malformed
+// or mismatched profile, --predict without --dry-run and a FLUX.2 job are one line each.
 
 #include <gtest/gtest.h>
 
@@ -115,6 +115,31 @@ TEST_F(Predict, PrintsWhatTheSimulatorPrintsForTheJob) {
                                          "10", "--height", "1024", "--width", "1024", "--max-sequence-length", "512",
                                          "--true-cfg", "--expect-transformer", "19,38,24,128"});
   EXPECT_EQ(p.output.substr(p.output.find('\n', p.output.find("prediction (python3 ")) + 1), cfg);
+}
+
+TEST_F(Predict, StagesGiveTheSimulatorThePipelines) {
+  const std::string gpu = profile("flux1-dev-h100.json");
+  // 8 ranks as 2 pipelines of 4 at 2048^2, tiled: the plan and the decode ranks are one pipeline's.
+  Preparation p = dry_run(8, {"--prompt", "a red barn", "--num-images", "16", "--height", "2048", "--width", "2048",
+                              "--steps", "20", "--stages", "4", "--vae-tiling", "--predict", gpu});
+  ASSERT_TRUE(p.dry_run_plan);
+  ASSERT_EQ(p.dry_run_plan->world_size(), 4);
+  std::string partition;
+  for (int r = 0; r < 4; ++r)
+    partition += (r ? "," : "") + std::to_string(r) + ":" + std::to_string(p.dry_run_plan->blocks(r).first) + "-" +
+                 std::to_string(p.dry_run_plan->blocks(r).last);
+  const std::string expected = run_simulator({"--profile", gpu, "--ranks", "8", "--stages", "4", "--partition", partition,
+                                              "--microbatch", "1", "--patches", "1", "--warmup", "1", "--images", "16",
+                                              "--prompts", "1", "--steps", "20", "--height", "2048", "--width", "2048",
+                                              "--max-sequence-length", "512", "--vae-tiling", "--decode-ranks", "4",
+                                              "--vae-tile", "128", "--vae-scale", "8", "--expect-transformer",
+                                              "19,38,24,128"});
+  ASSERT_NE(expected.find("images/hour"), std::string::npos) << expected;
+  EXPECT_NE(expected.find("8 ranks = 2 pipeline(s) x 4 stages"), std::string::npos) << expected;
+  EXPECT_NE(expected.find("9 tiles over 4 rank(s)"), std::string::npos) << expected;
+  const size_t at = p.output.find("prediction (python3 ");
+  ASSERT_NE(at, std::string::npos) << p.output;
+  EXPECT_EQ(p.output.substr(p.output.find('\n', at) + 1), expected);
 }
 
 TEST_F(Predict, ProblemsAreOneLineNamingPredict) {

@@ -28,7 +28,7 @@ std::string comm_error(const std::function<void()>& f) {
 }
 
 TEST(MessageHeader, RoundTripsThroughTheWireForm) {
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kByte}) {
     MessageHeader h;
     h.tag = MessageTag{MessageKind::DoubleStreams, 12345678901LL, 27, 1};
     h.tensors = {TensorSpec{dtype, {2, 512, 3072}}, TensorSpec{dtype, {2, 4096, 3072}}, TensorSpec{at::kFloat, {2, 3072}},
@@ -91,7 +91,7 @@ TEST(MessageHeader, MalformedWireFormIsACommError) {
   };
   EXPECT_NE(bad(0, 42).find("rank 1 received a malformed message header from rank 0: bad magic number"), std::string::npos);
   EXPECT_NE(bad(1, 1).find("protocol version 1, this build speaks 2"), std::string::npos);
-  EXPECT_NE(bad(2, 9).find("unknown message kind 9"), std::string::npos);
+  EXPECT_NE(bad(2, 12).find("unknown message kind 12"), std::string::npos);
   EXPECT_NE(bad(5, 2).find("pass 2"), std::string::npos);
   EXPECT_NE(bad(6, 0).find("0 tensors"), std::string::npos);
   EXPECT_NE(bad(6, kMaxMessageTensors + 1).find("tensors (1 to"), std::string::npos);

@@ -22,8 +22,25 @@ and its drift from it (fluxmpi-bench-drift: the final latents' relative differen
 image's PSNR). --runs keeps only the named runs (tags as in the table: exact1, exact2, m<M>w<W>,
 cfg-exact1, cfg-m4w1; exact1, the reference, always runs), e.g. --runs exact1,m4w1 --repeat 2 for the
 headline number alone (about 5 min).
+image's PSNR).
+
+  tools/bench/bench.py --stages [--images 8 --repeat 3] [--sessions]   # about 6 min on a quiet machine
+
+measures several pipelines in one job instead (docs/performance.md): images an hour of one rank x 1
+thread, of two 1-rank pipelines (-np 2 --stages 1, 1 thread each; target >= 1.9x) and of one
+2-rank pipeline (-np 2, the GPipe schedule), taking turns, each with a checkpoint; the rate is
+fluxmpi's "made N images in X s" line (from the first denoising step to the last image written:
+start-up, loading and encoding excluded; the whole run's wall time is printed beside it). Then
+checks that the three runs' PNGs are identical.
+
+With the kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled) the processes of
+one session share one session's processor time: on a machine busy with other sessions a 2-rank job
+then gets about the cores of a 1-rank job, and no schedule can beat 1x. --sessions starts every
+rank in a session of its own (setsid), as separate logins or a batch system's job steps would be;
+on a quiet machine both ways give the same numbers. The table's "cores it got" column (processor
+seconds / wall seconds of the whole run) shows which case a run was in.
 """
-import argparse, os, re, shutil, subprocess, sys, time
+import argparse, os, re, resource, shutil, subprocess, sys, time
 
 MiB = 1024.0 * 1024.0
 UNITS = {"B": 1, "KiB": 1024.0, "MiB": MiB, "GiB": MiB * 1024, "TiB": MiB * 1024 * 1024}
@@ -41,13 +58,20 @@ def run(cmd, env=None):
     return p.stdout, time.time() - t0
 
 
-def fluxmpi(build, ranks, args):
+def fluxmpi(build, ranks, args, rate=False, sessions=False):
     exe = os.path.join(build, "fluxmpi")
     cmd = [exe, "--threads", "1"] + args
+    if sessions:
+        cmd = ["setsid", "--wait"] + cmd
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks), "--bind-to", "none", "--oversubscribe"] + \
               (["--allow-run-as-root"] if os.geteuid() == 0 else []) + cmd
     out, wall = run(cmd)
+    if rate:
+        m = re.search(r"made (\d+) images? in ([0-9.]+) s on \d+ pipelines?", out)
+        if not m:
+            sys.exit("bench: no 'made N images' line in the output:\n" + out)
+        return float(m.group(2)), wall, out
     m = re.search(r"denoise ([0-9.]+) s \(peak", out)
     if not m:
         sys.exit("bench: no denoise time in the output:\n" + out)
@@ -136,6 +160,74 @@ def patches_bench(a, model):
     print("(all times: %s)" % ", ".join("%s %s" % (t, "/".join("%.1f" % x for x in ts)) for t, ts in best.items()))
 
 
+def cpu_flags():
+    return " ".join(sorted(set(re.findall(r"\b(avx512_bf16|avx512f|avx2|fma|amx_bf16)\b", open("/proc/cpuinfo").read()))))
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def autogroup():
+    path = "/proc/sys/kernel/sched_autogroup_enabled"
+    return os.path.exists(path) and open(path).read().strip() == "1"
+
+
+def stages_bench(a, model):
+    """Images an hour: 1 rank against two 1-rank pipelines and one 2-rank pipeline, taking turns.
+    Each run's processor time (all its processes, the whole run) says how many cores it got (CPU
+    seconds / wall seconds) and whether the pipelines cost any extra work (the same CPU seconds as
+    one rank: no overhead; the ratio is then bounded by the cores the machine had free)."""
+    n = a.images
+    base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(a.size), "--width", str(a.size),
+            "--steps", str(a.steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug",
+            "--dtype", "fp32", "--num-images", str(n)]
+    configs = [("one rank", 1, []), ("2 pipelines x 1 rank", 2, ["--stages", "1"]), ("1 pipeline x 2 ranks", 2, [])]
+    print("# --stages benchmark: %d x %d, %d steps, %d images, fp32, 1 thread per rank; CPU: %d cores, %s; autogroup %s; %s"
+          % (a.size, a.size, a.steps, n, os.cpu_count(), cpu_flags(), "on" if autogroup() else "off",
+             "every rank in its own session" if a.sessions else "the ranks in one session"), flush=True)
+    best, walls, loads, cpu = {}, {}, [], {}
+    for rep in range(a.repeat):
+        for k, (tag, ranks, extra) in enumerate(configs):
+            stem = os.path.join(a.work, "stages-%d" % k)
+            if os.path.exists(stem + ".h5"):
+                os.remove(stem + ".h5")
+            loads.append(os.getloadavg()[0])
+            c0 = children_cpu()
+            t, wall, out = fluxmpi(a.build, ranks, base + extra + ["--checkpoint", stem + ".h5", "-o", stem + "-{i}.png"],
+                                   rate=True, sessions=a.sessions)
+            c = children_cpu() - c0
+            taken = re.findall(r"fluxmpi\[rank (\d+)/\d+\]: .*?(\d+) work group\(s\) taken", out)
+            print("  round %d, %s: %d images in %.2f s = %.0f images/hour (wall %.1f s, CPU %.1f s: %.2f cores)%s; "
+                  "load average %.2f" % (rep + 1, tag, n, t, 3600.0 * n / t, wall, c, c / wall,
+                                         "; groups taken " + ", ".join("rank %s: %s" % x for x in taken) if taken else "",
+                                         loads[-1]), flush=True)
+            best.setdefault(tag, []).append(t)
+            walls.setdefault(tag, []).append(wall)
+            cpu.setdefault(tag, []).append((c, c / wall))
+    loads.append(os.getloadavg()[0])
+    times = {tag: min(ts) for tag, ts in best.items()}
+    wall = {tag: min(ts) for tag, ts in walls.items()}
+    one, one_wall = times["one rank"], wall["one rank"]
+    print()
+    print("best of %d; load average (1 min) at the starts and the end: %s" % (a.repeat, "/".join("%.2f" % x for x in loads)))
+    print("| run | ranks | time for %d images | images/hour | vs one rank | target | whole run's wall time (vs one rank) "
+          "| CPU s of the whole run (min) | cores it got (max) |" % n)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for tag, ranks, _ in configs:
+        target = ">= 1.9x" if tag.startswith("2 pipelines") else ""
+        print("| %s | %d | %.2f s | %.0f | %.2fx | %s | %.1f s (%.2fx) | %.1f s | %.2f |" % (
+            tag, ranks, times[tag], 3600.0 * n / times[tag], one / times[tag], target, wall[tag], one_wall / wall[tag],
+            min(x[0] for x in cpu[tag]), max(x[1] for x in cpu[tag])))
+    print("(all times: %s)" % "; ".join("%s %s" % (t, "/".join("%.2f" % x for x in ts)) for t, ts in best.items()))
+    same = all(open(os.path.join(a.work, "stages-0-%05d.png" % i), "rb").read() ==
+               open(os.path.join(a.work, "stages-%d-%05d.png" % (c, i)), "rb").read() for c in (1, 2) for i in range(n))
+    print("PNGs of the three runs identical: %s" % ("yes" if same else "NO"))
+    if not same:
+        sys.exit(1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -145,6 +237,10 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (4; 28 with --patches)")
     ap.add_argument("--patches", action="store_true", help="the patch-pipelining benchmark instead")
     ap.add_argument("--runs", default="", help="with --patches: only these runs (comma-separated tags; exact1 always)")
+    ap.add_argument("--stages", action="store_true", help="the several-pipelines benchmark instead (--stages 1 on 2 ranks)")
+    ap.add_argument("--images", type=int, default=8, help="images of the --stages benchmark")
+    ap.add_argument("--sessions", action="store_true",
+                    help="--stages: start every rank in a session of its own (setsid), for the kernel's autogroup scheduling")
     a = ap.parse_args()
     if a.repeat is None:
         a.repeat = 1 if a.patches else 3
@@ -161,6 +257,9 @@ def main():
         run([os.path.join(a.build, "tools", "make_tiny_model", "make-tiny-model"), "--out", model, "--preset", "bench"])
     if a.patches:
         patches_bench(a, model)
+        return
+    if a.stages:
+        stages_bench(a, model)
         return
     base = ["--model", model, "--prompt", "a mountain village at dawn", "--height", str(a.size), "--width", str(a.size),
             "--steps", str(a.steps), "--max-sequence-length", "128", "--seed", "1", "--no-progress", "--log-level", "debug", "--dtype", "fp32",

@@ -39,7 +39,7 @@ def options(argv=None):
     ap.add_argument("--prompts", type=int, default=1, help="distinct prompts to encode")
     ap.add_argument("--checkpoint", action="store_true", help="rank 0 writes the HDF5 rows")
     ap.add_argument("--checkpoint-every", type=int, default=1)
-    ap.add_argument("--decode", choices=["end", "inline"], help="decode after the loop / as each group finishes")
+    ap.add_argument("--decode", choices=["end", "inline"], help="decode after each leader's loop (fluxmpi, the default) / as each group finishes (a what-if)")
     ap.add_argument("--slots", type=int, help="work groups in flight per pipeline leader")
     ap.add_argument("--vae-tiling", action="store_true", help="decode in VAE tiles (when the latent exceeds one)")
     ap.add_argument("--vae-slicing", action="store_true", help="one image a decoder pass")

@@ -65,9 +65,10 @@ def _blend_seconds(costs, m, pixels):
     return costs.c.get("blend", {}).get("c1", 0.0) * m * pixels
 
 
-def leader_passes(job, leader, images):
+def leader_passes(job, leader, images, between=None):
     """The decode of `images` by `leader` (a schedule.Leader: its pipeline's ranks and its count of
-    tiled passes), a rank program fragment."""
+    tiled passes), a rank program fragment; `between` (a fragment) runs after each pass (rank 0
+    serving the other pipelines' leaders)."""
     plan, costs, pipeline_ranks = job.decode_plan, job.costs, leader.ranks
     for batch in plan.passes(images, job.microbatch):
         m = len(batch)
@@ -86,6 +87,8 @@ def leader_passes(job, leader, images):
             leader.decode_passes += 1
         for i in batch:
             yield ("mark", "image_decoded", i)
+        if between is not None:
+            yield from between()
 
 
 def leader_finish(job, leader):

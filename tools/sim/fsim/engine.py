@@ -7,6 +7,10 @@ Actions a rank program yields (tuples):
   ("recv", src, key)          blocking receive of the next message from src (MPI's order per pair);
                               key None takes any message, else it must equal message.key (the
                               header check of parallel/message.h: a mismatch is a schedule bug)
+  ("recv_any", [srcs])        blocking receive of the first message to arrive from any of srcs
+                              (MPI_ANY_SOURCE: rank 0's inbox of the other leaders' messages)
+  ("poll", [srcs])            the messages from srcs that have arrived by now, oldest first; never
+                              blocks (MPI_Test on the inbox's posted receive)
   ("sleep", seconds)          wait without using the processor (a round trip to another rank)
   ("wait_sends",)             Messenger::wait_all: until every large message it sent has arrived
   ("mark", name, value)       record (time, name, value) in the rank's log; no time passes
@@ -225,6 +229,9 @@ class Engine:
         d = self.ranks[dst] if dst < len(self.ranks) else None
         if d is not None and d.state == "recv" and d.waiting_src == src and q[0] is msg:
             self._schedule(dst, msg.arrival)
+        elif d is not None and d.state == "recv" and isinstance(d.waiting_src, tuple) and src in d.waiting_src:
+            heads = [self._inbox[(s, dst)][0].arrival for s in d.waiting_src if self._inbox.get((s, dst))]
+            self._schedule(dst, min(heads))
 
     def _resume(self, r, value):
         k = self.ranks[r]
@@ -248,6 +255,18 @@ class Engine:
                 if not self._try_recv_now(r):
                     return
                 value = self._last_received
+            elif kind == "recv_any":
+                k.waiting_src, k.waiting_key = tuple(action[1]), None
+                if not self._try_recv_now(r):
+                    return
+                value = self._last_received
+            elif kind == "poll":
+                value = []
+                while True:
+                    msg = self._earliest_arrived(action[1], r)
+                    if msg is None:
+                        break
+                    value.append(self._inbox[msg].popleft())
             elif kind == "sleep":
                 if action[1] > 0:
                     self._block(r, "sleep")
@@ -264,10 +283,30 @@ class Engine:
             else:
                 raise ValueError("unknown action %r" % (action,))
 
+    def _earliest_arrived(self, srcs, r):
+        """The inbox key (src, r) whose head message has arrived by now, earliest first; None."""
+        best = None
+        for src in srcs:
+            q = self._inbox.get((src, r))
+            if q and q[0].arrival <= self.now + EPS and (best is None or q[0].arrival < self._inbox[best][0].arrival):
+                best = (src, r)
+        return best
+
     def _try_recv_now(self, r):
         """A receive posted by a running program: returns True (and the message in
         _last_received) when it completes at once, else blocks the rank."""
         k = self.ranks[r]
+        if isinstance(k.waiting_src, tuple):  # recv_any
+            key = self._earliest_arrived(k.waiting_src, r)
+            if key is not None:
+                self._last_received = self._inbox[key].popleft()
+                self._unblock(r)
+                return True
+            self._block(r, "recv")
+            heads = [self._inbox[(s, r)][0].arrival for s in k.waiting_src if self._inbox.get((s, r))]
+            if heads:
+                self._schedule(r, min(heads))
+            return False
         q = self._inbox.get((k.waiting_src, r))
         if q and q[0].arrival <= self.now + EPS:
             msg = q.popleft()

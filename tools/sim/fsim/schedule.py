@@ -7,15 +7,22 @@ work groups in order; it collects a group's v of the previous step only when it 
 that group (collect_previous), and drains the last step of every group after the loop; then it
 decodes every image (runner.cpp phase 4).
 
-Pipelines (`stages` S < ranks P, the design of `--stages`, tools/sim/README.md): P/S pipelines of S
+Pipelines (`stages` S < ranks P, fluxmpi's `--stages`, src/app/job_loop.cpp): P/S pipelines of S
 consecutive ranks; each pipeline's first rank (its leader) plays rank 0's part for the images it
-takes. A leader keeps up to `slots` work groups in flight and walks them round robin: on each
-visit it collects the group's previous step as above and runs its next step; a group whose last
-step has come back is finished (decoded at once with decode "inline") and its slot is refilled
-with the next group of the job from a shared counter (MPI_Fetch_and_op on rank 0: a round trip
-for leaders other than rank 0). The ranks behind a leader take the units in the order they come
-(the header says which unit it is). With one pipeline, unbounded slots and the decode at the end,
-this is exactly the static schedule (tests/test_schedule.py checks it)."""
+takes (Worker::run_root with a WorkSource). A leader keeps up to `slots` work groups in flight
+and walks them round robin: on each visit it collects the group's previous step as above and runs
+its next step; a group whose last step has come back is finished and its slot is refilled, in
+place, with the next group of the job from a shared counter (MPI_Fetch_and_op on rank 0: a round
+trip for leaders other than rank 0), whose first step runs in the same visit. The ranks behind a
+leader take the units in the order they come (the header says which unit it is) until the
+leader's End marker. After its loop each leader decodes its own images (decode "end", what fluxmpi
+does; "inline", each group decoded as it finishes, is a what-if). Rank 0 stays the only writer:
+the other leaders' checkpoint rows cost rank 0 their write time when it takes them — after each of
+its own steps, between its decode batches and at the end until every leader is done
+(app/leader_channel.h). With one pipeline, unbounded slots and the decode at the end, this is
+exactly the static schedule (tests/test_schedule.py checks it). The decode is fsim/decode.py: with
+tiling over several ranks a leader spreads its images' tiles over the ranks of its own pipeline,
+once their loop is done."""
 from . import decode as vae_decode
 from .engine import Message
 from .model import noise_message, state_message
@@ -75,7 +82,7 @@ class Job:
 
     def __init__(self, profile, stages, groups, steps, text_tokens, latent_h, latent_w, passes=1, patches=1,
                  warmup=1, checkpoint=False, checkpoint_every=1, decode="end", slots=None, pixels=None,
-                 microbatch=1, decode_plan=None):
+                 microbatch=1, pipelines=1, decode_plan=None):
         if patches < 1 or warmup < 1:
             raise ValueError("patches %d, warm-up steps %d" % (patches, warmup))
         self.profile, self.costs, self.shape = profile, profile.costs, profile.shape
@@ -90,6 +97,7 @@ class Job:
         self.decode, self.slots = decode, slots
         self.pixels = pixels if pixels is not None else latent_h * latent_w * 64
         self.microbatch = microbatch
+        self.pipelines = pipelines
         # The VAE decode (fsim/decode.py): untiled on the leader unless told otherwise.
         self.decode_plan = decode_plan or vae_decode.DecodePlan(latent_h, latent_w)
         # Messages staged through pinned host buffers (MPI not CUDA-aware): a device-to-host copy
@@ -149,6 +157,7 @@ class Leader:
         self.job = job
         self.ranks = ranks  # global ranks of this pipeline, leader first
         self.last = ranks[-1]
+        self.done_leaders = 0  # rank 0: the other leaders that said they are done
         self.decode_passes = 0  # tiled passes so far (their messages' tag)
 
     def finish_unit(self, g, step, u):
@@ -160,9 +169,39 @@ class Leader:
                 t = g.count * job.costs.checkpoint_step()
                 if job.keep_row(step):
                     t += g.count * job.costs.checkpoint_row()
-                yield ("compute", t, "checkpoint")
+                if self.ranks[0] == 0:
+                    yield ("compute", t, "checkpoint")
+                else:  # sent to rank 0, which writes it (rows as float32)
+                    rows = 2 * g.count * job.image_tokens * 64 * 4 if job.keep_row(step) else 0
+                    yield ("send", 0, Message(("row",), rows + 576, 2 if rows else 1, t))
+            elif self.ranks[0] != 0:
+                yield ("send", 0, Message(("row",), 576, 1, 0.0))  # the step, for rank 0's progress
+            if self.ranks[0] == 0:
+                yield from self.serve()
             if step == job.steps - 1:
                 yield ("mark", "group_done", g.index)
+
+    def other_leaders(self):
+        return [j * self.job.S for j in range(1, self.job.pipelines)]
+
+    def take(self, msg):
+        """Rank 0 handles one message of another leader: writes its rows, or counts it done."""
+        if msg.key == ("done",):
+            self.done_leaders += 1
+        elif msg.payload > 0:
+            yield ("compute", msg.payload, "checkpoint")
+
+    def serve(self):
+        """Rank 0 takes what the other leaders have sent so far (LeaderInbox::poll)."""
+        if self.job.pipelines > 1:
+            for msg in (yield ("poll", self.other_leaders())):
+                yield from self.take(msg)
+
+    def serve_until_done(self):
+        """Rank 0 after its own decode: the other leaders' messages until every one is done."""
+        while self.done_leaders < self.job.pipelines - 1:
+            msg = yield ("recv_any", self.other_leaders())
+            yield from self.take(msg)
 
     def collect(self, g, step, u):
         for p in range(self.job.passes):
@@ -213,9 +252,10 @@ class Leader:
         yield from vae_decode.leader_passes(self.job, self, list(range(g.first_image, g.first_image + g.count)))
 
     def decode_all(self, groups):
-        """runner.cpp phase 4: batches of `microbatch` images in image order (fsim/decode.py)."""
+        """job_loop.cpp phase 4: batches of `microbatch` images in image order (fsim/decode.py);
+        rank 0 serves the other leaders between batches."""
         images = sorted(i for g in groups for i in range(g.first_image, g.first_image + g.count))
-        yield from vae_decode.leader_passes(self.job, self, images)
+        yield from vae_decode.leader_passes(self.job, self, images, between=self.serve if self.ranks[0] == 0 else None)
         yield from vae_decode.leader_finish(self.job, self)
 
     def static(self):
@@ -263,7 +303,7 @@ class Leader:
                     if nxt is None:
                         del active[i]
                         continue
-                    active[i] = [nxt, nxt.start_step]
+                    active[i] = [nxt, nxt.start_step]  # the slot is refilled in place
                     g, step = active[i]
                 yield from self.run_step(g, step)
                 active[i][1] = step + 1
@@ -274,6 +314,11 @@ class Leader:
         yield ("mark", "denoise_end", None)
         if job.decode != "inline":
             yield from self.decode_all(done)
+        if self.ranks[0] == 0:
+            yield from self.serve_until_done()
+        else:
+            yield ("send", 0, Message(("done",), 576, 1))
+            yield ("wait_sends",)
 
 
 # --- ranks 1..S-1 of a pipeline -------------------------------------------------------------

@@ -26,7 +26,7 @@ class Config:
         self.prompts = 1            # distinct prompts to encode
         self.checkpoint = False
         self.checkpoint_every = 1
-        self.decode = None          # "end" | "inline"; None: end with one pipeline, inline with several
+        self.decode = None          # "end" (fluxmpi: each leader after its loop) | "inline" (a what-if)
         self.slots = None           # groups in flight per leader; None: all (one pipeline) or S (several)
         self.ranks_per_node = None  # None: the profile's host.ranks_per_node, else all ranks on one node
         self.vae_tiling = False     # --vae-tiling (when the latent exceeds one tile)
@@ -62,7 +62,7 @@ def simulate(profile, cfg):
         plan_stages(profile.shape, S, profile.dtype_bytes)
     lh, lw = cfg.latent()
     groups = make_groups(cfg.images, cfg.microbatch)
-    decode = cfg.decode or ("end" if pipes == 1 else "inline")
+    decode = cfg.decode or "end"
     slots = cfg.slots if cfg.slots is not None else (None if pipes == 1 else S)
     # Decoding as each group finishes, the ranks behind a leader are still denoising: it decodes
     # its tiles alone.
@@ -74,7 +74,7 @@ def simulate(profile, cfg):
     job = Job(profile, stages, groups, cfg.steps, cfg.text_tokens, lh, lw, passes=2 if cfg.true_cfg else 1,
               patches=cfg.patches, warmup=cfg.warmup, checkpoint=cfg.checkpoint,
               checkpoint_every=cfg.checkpoint_every, decode=decode, slots=slots,
-              pixels=cfg.height * cfg.width, microbatch=cfg.microbatch, decode_plan=plan)
+              pixels=cfg.height * cfg.width, microbatch=cfg.microbatch, pipelines=pipes, decode_plan=plan)
 
     rpn = cfg.ranks_per_node or profile.host.get("ranks_per_node") or P
     cores = profile.host.get("cores_per_node") if cfg.cores_per_node == "profile" else cfg.cores_per_node
@@ -105,11 +105,14 @@ def simulate(profile, cfg):
     res = Engine(node_of, core_map, link, capacity).run(programs).result()
 
     # Stage 1 (before the loop): rank 0 encodes each distinct prompt (and the negative prompt once);
-    # with several pipelines it then broadcasts the embeddings to the leaders.
+    # with several pipelines it then broadcasts every work group's inputs to the leaders
+    # (app/leader_job.cpp: per image its embeddings for each pass and its initial latents).
     encode = (cfg.prompts + (1 if cfg.true_cfg else 0)) * profile.costs.encode_prompt()
     if pipes > 1:
+        passes = 2 if cfg.true_cfg else 1
         D_emb = (cfg.text_tokens * profile.shape.joint_dim + profile.shape.pooled_dim) * profile.dtype_bytes
-        nbytes = (cfg.prompts + (1 if cfg.true_cfg else 0)) * D_emb
+        latents = (lh // 2) * (lw // 2) * 64 * profile.dtype_bytes
+        nbytes = cfg.images * (passes * D_emb + latents)
         encode += math.ceil(math.log2(pipes)) * (inter.latency + nbytes / inter.bandwidth)
 
     def marks(name):

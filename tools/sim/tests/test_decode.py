@@ -62,6 +62,21 @@ class HandComputed(unittest.TestCase):
         # tile 2 [2.5, 4.5], tile 3 [2.25, 4.25] back at 4.5: 4.5 s.
         self.assertAlmostEqual(self.run_job(ranks=2, images=2, microbatch=2)["decode_s"], 4.5)
 
+    def test_each_pipeline_decodes_its_own_tiles(self):
+        """--stages 2 on 4 ranks, 4 images, 2 slots a leader: rank 0 takes images 0 and 1, rank 2
+        images 2 and 3. Each leader decodes its two images in two tiled passes over the ranks of
+        its own pipeline: tiles 0 and 2 on the leader, 1 and 3 on the rank behind it. Busy time
+        per rank: a leader's 2 units of 3 s and 2 x 2 tiles of 1 s = 10 s (untiled: 6 s + 2
+        images of 1 s = 8 s); the rank behind it 2 units of 2 s and 2 x 2 tiles = 8 s (untiled
+        4 s). Were pipeline 1's tiles sent to rank 1, rank 1 would be busy 12 s and rank 3 4 s."""
+        tiled = self.run_job(ranks=4, stages=2, images=4)
+        self.assertEqual(tiled["vae"], "4 tiles over 2 rank(s)")
+        for r, busy in enumerate([10.0, 8.0, 10.0, 8.0]):
+            self.assertAlmostEqual(tiled["busy_s"][r], busy)
+        untiled = simulate(toy_profile(latency=0.125), toy(height=48, width=48, steps=1, ranks=4, stages=2, images=4))
+        for r, busy in enumerate([8.0, 4.0, 8.0, 4.0]):
+            self.assertAlmostEqual(untiled["busy_s"][r], busy)
+
 
 if __name__ == "__main__":
     unittest.main()

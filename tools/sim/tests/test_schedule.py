@@ -124,14 +124,32 @@ class Equivalence(unittest.TestCase):
 
     def test_stages_hand_out_images_dynamically(self):
         """4 ranks as 2 pipelines of 2 (A = 3, B = 2, no latency), slots 1: each pipeline runs one
-        image at a time (10 s of steps: [0,3] [3,5] [5,8] [8,10] for 2 steps), decodes it inline
-        (1 s) and takes the next: 4 images end at 2 x 11 = 22 s, twice the rate of one pipeline."""
+        image at a time (10 s of steps: [0,3] [3,5] [5,8] [8,10] for 2 steps) and takes the next;
+        after its loop it decodes its 2 images (1 s each, as fluxmpi does): 20 + 2 = 22 s, twice the
+        rate of one pipeline; the first image waits for the second's loop (latency 21 s). Decoded
+        inline (the what-if) each image takes 11 s."""
         prof = toy_profile(latency=0.0)
         r = simulate(prof, toy(ranks=4, stages=2, images=4, slots=1))
+        self.assertEqual(r["decode"], "end")
         self.assertAlmostEqual(r["total_s"], 22.0)
-        self.assertAlmostEqual(r["latency_max_s"], 11.0)
+        self.assertAlmostEqual(r["latency_max_s"], 21.0)
+        inline = simulate(prof, toy(ranks=4, stages=2, images=4, slots=1, decode="inline"))
+        self.assertAlmostEqual(inline["total_s"], 22.0)
+        self.assertAlmostEqual(inline["latency_max_s"], 11.0)
         one = simulate(prof, toy(ranks=2, stages=2, images=4, slots=1, decode="inline"))
         self.assertAlmostEqual(one["total_s"], 44.0)
+
+    def test_rank_zero_writes_every_pipelines_rows(self):
+        """2 pipelines of 1 rank, 2 images of 2 steps, slots 1 (A + B = 5 s a step on one rank);
+        each row costs 1 s to write. Rank 0 writes its own row after each step and then the row the
+        other leader sent meanwhile: [0,5] step, [5,6] its row, [6,7] rank 1's, [7,12] step,
+        [12,13] [13,14]. So the job takes 14 s, and rank 0 works 4 s more than rank 1, which writes
+        nothing."""
+        prof = toy_profile(latency=0.0, decode=0)
+        prof.costs.c["checkpoint"] = {"step_s": 1.0, "row_s": 0.0}
+        r = simulate(prof, toy(ranks=2, stages=1, images=2, slots=1, checkpoint=True))
+        self.assertAlmostEqual(r["busy_s"][0] - r["busy_s"][1], 4.0)
+        self.assertAlmostEqual(r["total_s"], 2 * 5 + 4)
 
     def test_processor_sharing(self):
         """2 ranks on one core: while both compute, each runs at half speed. With one image of
