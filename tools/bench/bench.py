@@ -22,7 +22,6 @@ and its drift from it (fluxmpi-bench-drift: the final latents' relative differen
 image's PSNR). --runs keeps only the named runs (tags as in the table: exact1, exact2, m<M>w<W>,
 cfg-exact1, cfg-m4w1; exact1, the reference, always runs), e.g. --runs exact1,m4w1 --repeat 2 for the
 headline number alone (about 5 min).
-image's PSNR).
 
   tools/bench/bench.py --stages [--images 8 --repeat 3] [--sessions]   # about 6 min on a quiet machine
 
