@@ -150,7 +150,7 @@ TEST_F(TiledDecode, DryRunShowsTheSpreadDecode) {
   // With --stages the plan is one pipeline's: its ranks 0 and 1 (every pipeline alike).
   JobResult st = run_fluxmpi(4, args("dry-st", *dir_ / "model", 1, {"--dry-run", "--stages", "2"}));
   ASSERT_EQ(st.exit_code, 0) << st.output;
-  EXPECT_NE(st.output.find("decode: 9 VAE tiles a pass, round robin over ranks 0,1 "), std::string::npos) << st.output;
+  EXPECT_NE(st.output.find("decode: 9 VAE tiles a pass, round robin over ranks 0,1;"), std::string::npos) << st.output;
 }
 
 // FLUX.2's VAE reuses the FLUX.1 decoder's tiling: the klein fixture with 32-pixel tiles.
