@@ -10,25 +10,11 @@
 
 #include "job_runner.h"
 #include "support/fixtures.h"
+#include "support/simulator.h"
 
 namespace fluxmpi::test {
 namespace fs = std::filesystem;
 namespace {
-
-std::string sim_dir() { return (fs::path(FLUXMPI_SOURCE_DIR) / "tools" / "sim").string(); }
-
-// stdout of `python3 fluxsim.py args...` (no argument needs quoting).
-std::string run_simulator(const std::vector<std::string>& args) {
-  std::string command = "python3 " + sim_dir() + "/fluxsim.py";
-  for (const std::string& a : args) command += " " + a;
-  std::string out;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return "(popen failed)";
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return status == 0 ? out : "(exit " + std::to_string(status) + ") " + out;
-}
 
 TEST(PredictJob, TwoRanksOnTheBenchModelPrintTheSimulatorsPrediction) {
   TempDir dir("predict");

@@ -19,26 +19,15 @@
 #include "core/error.h"
 #include "support/fixtures.h"
 #include "support/hollow_model.h"
+#include "support/simulator.h"
 
 namespace fluxmpi::app {
 namespace {
 namespace fs = std::filesystem;
+using test::run_simulator;
+using test::sim_dir;
 
-std::string sim_dir() { return (fs::path(FLUXMPI_SOURCE_DIR) / "tools" / "sim").string(); }
 std::string profile(const std::string& name) { return (fs::path(sim_dir()) / "profiles" / name).string(); }
-
-// stdout of `python3 fluxsim.py args...` (the arguments need no quoting here).
-std::string run_simulator(const std::vector<std::string>& args) {
-  std::string command = "python3 " + sim_dir() + "/fluxsim.py";
-  for (const std::string& a : args) command += " " + a;
-  std::string out;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return "(popen failed)";
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return status == 0 ? out : "(exit " + std::to_string(status) + ") " + out;
-}
 
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -41,6 +41,7 @@
 #include "models/flux/transformer.h"
 #include "parallel/device.h"
 #include "parallel/partition.h"
+#include "op_profile.h"
 
 namespace po = boost::program_options;
 using namespace fluxmpi;
@@ -105,51 +106,7 @@ void synchronize(at::Device device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-// Time per operator name over the operators called from outside any other operator (top level);
-// the nested ones are counted in their caller. Only the thread that runs the forward.
-class OpProfile {
- public:
-  void start() {
-    counts_.clear();
-    seconds_.clear();
-    active() = this;
-    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&OpProfile::enter, &OpProfile::leave));
-  }
-  void stop() {
-    at::removeCallback(handle_);
-    active() = nullptr;
-  }
-  std::map<std::string, double> seconds_;
-  std::map<std::string, int64_t> counts_;
-
- private:
-  static OpProfile*& active() {
-    thread_local OpProfile* p = nullptr;
-    return p;
-  }
-  static int& depth() {
-    thread_local int d = 0;
-    return d;
-  }
-  static std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction&) {
-    ++depth();
-    auto ctx = std::make_unique<Context>();
-    ctx->t0 = Clock::now();
-    return ctx;
-  }
-  static void leave(const at::RecordFunction& fn, at::ObserverContext* c) {
-    const int d = depth()--;
-    OpProfile* p = active();
-    if (p == nullptr || d != 1) return;
-    const double s = seconds_since(static_cast<Context*>(c)->t0);
-    p->seconds_[fn.name()] += s;
-    p->counts_[fn.name()] += 1;
-  }
-  struct Context : at::ObserverContext {
-    Clock::time_point t0;
-  };
-  at::CallbackHandle handle_ = 0;
-};
+using bench::OpProfile;
 
 struct Measured {
   double gemm_s = 1e30, fwd_s = 1e30, fwd_cpu_s = 1e30;
@@ -323,7 +280,7 @@ int main(int argc, char** argv) {
         const double total = seconds_since(t0);
         std::vector<std::pair<double, std::string>> rows;
         double counted = 0;
-        for (const auto& [name, s] : p.seconds_) {
+        for (const auto& [name, s] : p.seconds) {
           rows.push_back({s, name});
           counted += s;
         }
@@ -332,7 +289,7 @@ int main(int argc, char** argv) {
                     nn::dtype_label(r.dtype), total * 1e3, counted * 1e3);
         std::printf("| operator | calls | ms | share |\n|---|---|---|---|\n");
         for (const auto& [s, name] : rows)
-          std::printf("| %s | %lld | %.2f | %.1f %% |\n", name.c_str(), static_cast<long long>(p.counts_[name]), s * 1e3,
+          std::printf("| %s | %lld | %.2f | %.1f %% |\n", name.c_str(), static_cast<long long>(p.calls[name]), s * 1e3,
                       100.0 * s / total);
         std::printf("| (outside operators) | | %.2f | %.1f %% |\n", (total - counted) * 1e3, 100.0 * (total - counted) / total);
       }

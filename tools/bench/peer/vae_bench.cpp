@@ -25,6 +25,7 @@
 #include "models/common/tensor_utils.h"
 #include "models/vae/vae_decoder.h"
 #include "parallel/device.h"
+#include "../op_profile.h"
 
 namespace po = boost::program_options;
 using namespace fluxmpi;
@@ -68,47 +69,7 @@ double decoder_flops(const io::VaeConfig& c, int64_t h, int64_t w) {
   return flops + conv(ch.front(), c.out_channels, 3, pixels);
 }
 
-// Time per top-level operator (nested ones count in their caller), on the calling thread.
-class OpProfile {
- public:
-  void start() {
-    active() = this;
-    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&OpProfile::enter, &OpProfile::leave));
-  }
-  void stop() {
-    at::removeCallback(handle_);
-    active() = nullptr;
-  }
-  std::map<std::string, double> seconds;
-  std::map<std::string, int64_t> calls;
-
- private:
-  struct Context : at::ObserverContext {
-    Clock::time_point t0;
-  };
-  static OpProfile*& active() {
-    thread_local OpProfile* p = nullptr;
-    return p;
-  }
-  static int& depth() {
-    thread_local int d = 0;
-    return d;
-  }
-  static std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction&) {
-    ++depth();
-    auto ctx = std::make_unique<Context>();
-    ctx->t0 = Clock::now();
-    return ctx;
-  }
-  static void leave(const at::RecordFunction& fn, at::ObserverContext* c) {
-    const int d = depth()--;
-    OpProfile* p = active();
-    if (p == nullptr || d != 1) return;
-    p->seconds[fn.name()] += seconds_since(static_cast<Context*>(c)->t0);
-    p->calls[fn.name()] += 1;
-  }
-  at::CallbackHandle handle_ = 0;
-};
+using bench::OpProfile;
 
 void print_profile(const OpProfile& p, double total, const char* dtype) {
   std::vector<std::pair<double, std::string>> rows;
