@@ -23,22 +23,11 @@ namespace {
 
 using Recorder = test::StepRecorder;
 
-class Denoise : public testing::Test {
+class Denoise : public test::TinyLoopTest {
  protected:
   void SetUp() override {
-    config_ = test::tiny_loop_transformer();
-    model_ = flux::FluxTransformer(config_, flux::TransformerPart::whole(config_));
-    nn::fill_random(*model_, 4);
-    parallel::PlanRequest r;
-    r.transformer = config_;
-    plan_.emplace(parallel::StagePlan::make(r));
-    setup_.steps = 4;
-    setup_.text_tokens = 6;
-    setup_.latent_height = 4;
-    setup_.latent_width = 6;
-    io::SchedulerConfig sc;
-    sc.use_dynamic_shifting = true;
-    root_.schedule = sched::flux_schedule(sc, setup_.steps, setup_.image_tokens());
+    make_loop(4, 6, 4, 6);
+    root_.schedule = schedule_;
     root_.guidance = 3.5;
   }
   at::Tensor randn(at::IntArrayRef shape) { return at::randn(shape, gen_); }
@@ -50,10 +39,6 @@ class Denoise : public testing::Test {
     return in;
   }
 
-  io::TransformerConfig config_;
-  flux::FluxTransformer model_{nullptr};
-  std::optional<parallel::StagePlan> plan_;
-  DenoiseSetup setup_;
   RootState root_;
   at::Generator gen_ = at::make_generator<at::CPUGeneratorImpl>(9);
 };

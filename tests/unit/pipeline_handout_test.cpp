@@ -55,22 +55,10 @@ class OrderRecorder : public test::StepRecorder {
   size_t max_in_flight = 0;
 };
 
-class HandOut : public testing::Test {
+class HandOut : public test::TinyLoopTest {
  protected:
   void SetUp() override {
-    config_ = test::tiny_loop_transformer();
-    model_ = flux::FluxTransformer(config_, flux::TransformerPart::whole(config_));
-    nn::fill_random(*model_, 4);
-    parallel::PlanRequest r;
-    r.transformer = config_;
-    plan_.emplace(parallel::StagePlan::make(r));
-    setup_.steps = 3;
-    setup_.text_tokens = 6;
-    setup_.latent_height = 4;
-    setup_.latent_width = 6;
-    io::SchedulerConfig sc;
-    sc.use_dynamic_shifting = true;
-    schedule_ = sched::flux_schedule(sc, setup_.steps, setup_.image_tokens());
+    make_loop(3, 6, 4, 6);
   }
   // `groups` groups of `m` images each, with inputs drawn from one generator (the same every call).
   RootState root_for(int64_t groups, int64_t m) {
@@ -102,11 +90,6 @@ class HandOut : public testing::Test {
     return done;
   }
 
-  io::TransformerConfig config_;
-  flux::FluxTransformer model_{nullptr};
-  std::optional<parallel::StagePlan> plan_;
-  DenoiseSetup setup_;
-  sched::Schedule schedule_;
 };
 
 TEST_F(HandOut, SlotsBoundTheGroupsInFlightVisitedRoundRobin) {

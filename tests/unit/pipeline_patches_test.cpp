@@ -84,22 +84,10 @@ TEST(PatchKvCache, EachPatchWritesItsOwnRowsBeforeAttending) {
 using Recorder = test::StepRecorder;
 
 // A transformer of 1 double + 2 single blocks on a 6 x 6 latent (3 rows of 3 image tokens).
-class PatchedLoop : public testing::Test {
+class PatchedLoop : public test::TinyLoopTest {
  protected:
   void SetUp() override {
-    config_ = test::tiny_loop_transformer();
-    model_ = flux::FluxTransformer(config_, flux::TransformerPart::whole(config_));
-    nn::fill_random(*model_, 4);
-    parallel::PlanRequest r;
-    r.transformer = config_;
-    plan_.emplace(parallel::StagePlan::make(r));
-    setup_.steps = 4;
-    setup_.text_tokens = 5;
-    setup_.latent_height = 6;
-    setup_.latent_width = 6;
-    io::SchedulerConfig sc;
-    sc.use_dynamic_shifting = true;
-    schedule_ = sched::flux_schedule(sc, setup_.steps, setup_.image_tokens());
+    make_loop(4, 5, 6, 6);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
     in_.latents = at::randn({2, setup_.image_tokens(), 64}, gen);
     in_.text = at::randn({2, 5, 24}, gen);
@@ -129,11 +117,6 @@ class PatchedLoop : public testing::Test {
   }
   static at::Tensor final_latents(Recorder& r) { return at::stack({r.x[{0, 3}], r.x[{1, 3}]}); }
 
-  io::TransformerConfig config_;
-  flux::FluxTransformer model_{nullptr};
-  std::optional<parallel::StagePlan> plan_;
-  DenoiseSetup setup_;
-  sched::Schedule schedule_;
   GroupInputs in_;
 };
 
