@@ -7,22 +7,14 @@
 #include "parallel/decode_plan.h"
 #include "parallel/partition.h"
 
+#include "support/flux_configs.h"
+
 namespace fluxmpi::parallel {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-io::VaeConfig flux_vae() {
-  io::VaeConfig c;
-  c.block_out_channels = {128, 256, 512, 512};
-  c.layers_per_block = 2;
-  c.latent_channels = 16;
-  c.norm_num_groups = 32;
-  c.use_post_quant_conv = false;
-  c.mid_block_add_attention = true;
-  c.sample_size = 1024;
-  return c;
-}
+io::VaeConfig flux_vae() { return test::flux1_vae_config(); }
 
 VaeDecodeShape shape(int64_t pixels) {
   VaeDecodeShape s;

@@ -16,6 +16,7 @@
 #include "io/model_dir.h"
 #include "models/common/attention.h"
 #include "support/fixtures.h"
+#include "support/flux_configs.h"
 
 namespace fluxmpi::parallel {
 namespace {
@@ -62,17 +63,7 @@ io::T5Config t5_xxl() {
   return c;
 }
 
-io::VaeConfig flux_vae() {
-  io::VaeConfig c;
-  c.block_out_channels = {128, 256, 512, 512};
-  c.layers_per_block = 2;
-  c.latent_channels = 16;
-  c.norm_num_groups = 32;
-  c.use_post_quant_conv = false;
-  c.mid_block_add_attention = true;
-  c.sample_size = 1024;
-  return c;
-}
+io::VaeConfig flux_vae() { return test::flux1_vae_config(); }
 
 PlanRequest dev_request(int P, Balance balance, int64_t dtype_bytes = 2) {
   PlanRequest r;

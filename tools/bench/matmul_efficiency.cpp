@@ -278,20 +278,9 @@ int main(int argc, char** argv) {
         synchronize(device);
         p.stop();
         const double total = seconds_since(t0);
-        std::vector<std::pair<double, std::string>> rows;
-        double counted = 0;
-        for (const auto& [name, s] : p.seconds) {
-          rows.push_back({s, name});
-          counted += s;
-        }
-        std::sort(rows.rbegin(), rows.rend());
         std::printf("\n%s: one profiled forward, %.1f ms (%.1f ms in operators); per top-level operator:\n",
-                    nn::dtype_label(r.dtype), total * 1e3, counted * 1e3);
-        std::printf("| operator | calls | ms | share |\n|---|---|---|---|\n");
-        for (const auto& [s, name] : rows)
-          std::printf("| %s | %lld | %.2f | %.1f %% |\n", name.c_str(), static_cast<long long>(p.calls[name]), s * 1e3,
-                      100.0 * s / total);
-        std::printf("| (outside operators) | | %.2f | %.1f %% |\n", (total - counted) * 1e3, 100.0 * (total - counted) / total);
+                    nn::dtype_label(r.dtype), total * 1e3, p.counted() * 1e3);
+        p.print_table(total);
       }
     }
     return 0;

@@ -5,11 +5,15 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fluxmpi::bench {
 
@@ -28,6 +32,26 @@ class OpProfile {
   }
   std::map<std::string, double> seconds;  ///< wall seconds per operator name
   std::map<std::string, int64_t> calls;   ///< top-level calls per operator name
+
+  /// Seconds spent inside top-level operators.
+  double counted() const {
+    double c = 0;
+    for (const auto& [name, s] : seconds) c += s;
+    return c;
+  }
+  /// A markdown table, slowest operator first, with each one's share of `total` seconds and a
+  /// last row for the time outside operators.
+  void print_table(double total) const {
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, s] : seconds) rows.push_back({s, name});
+    std::sort(rows.rbegin(), rows.rend());
+    std::printf("| operator | calls | ms | share |\n|---|---|---|---|\n");
+    for (const auto& [s, name] : rows)
+      std::printf("| %s | %lld | %.2f | %.1f %% |\n", name.c_str(), static_cast<long long>(calls.at(name)), s * 1e3,
+                  100.0 * s / total);
+    const double outside = total - counted();
+    std::printf("| (outside operators) | | %.2f | %.1f %% |\n", outside * 1e3, 100.0 * outside / total);
+  }
 
  private:
   using Clock = std::chrono::steady_clock;

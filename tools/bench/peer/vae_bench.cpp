@@ -72,19 +72,8 @@ double decoder_flops(const io::VaeConfig& c, int64_t h, int64_t w) {
 using bench::OpProfile;
 
 void print_profile(const OpProfile& p, double total, const char* dtype) {
-  std::vector<std::pair<double, std::string>> rows;
-  double counted = 0;
-  for (const auto& [name, s] : p.seconds) {
-    rows.push_back({s, name});
-    counted += s;
-  }
-  std::sort(rows.rbegin(), rows.rend());
   std::printf("\n%s: one profiled decode, %.1f ms; per top-level operator:\n", dtype, total * 1e3);
-  std::printf("| operator | calls | ms | share |\n|---|---|---|---|\n");
-  for (const auto& [s, name] : rows)
-    std::printf("| %s | %lld | %.1f | %.1f %% |\n", name.c_str(), static_cast<long long>(p.calls.at(name)), s * 1e3,
-                100.0 * s / total);
-  std::printf("| (outside operators) | | %.1f | %.1f %% |\n", (total - counted) * 1e3, 100.0 * (total - counted) / total);
+  p.print_table(total);
 }
 
 }  // namespace
