@@ -123,6 +123,15 @@ void gemm(bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha, const 
                 transpose_b ? view(B, N, K, ldb) : view(B, K, N, ldb), beta, C, ldc);
 }
 
+void gemm_threads(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                  float* C, int64_t ldc) {
+  check_dims(M, N, K, lda, ldb, ldc, false);
+  FLUX_CHECK(gemm_provider_f32() == GemmProvider::OneDnn, "gemm_threads needs oneDNN's sgemm");
+  if (M == 0 || N == 0) return;
+  const int status = onednn().sgemm('N', 'N', M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  FLUX_CHECK(status == 0, "dnnl_sgemm failed with status ", status, " (M ", M, " N ", N, " K ", K, ")");
+}
+
 void gemm(bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha, const c10::BFloat16* A, int64_t lda,
           const c10::BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   check_dims(M, N, K, lda, ldb, ldc, transpose_b);

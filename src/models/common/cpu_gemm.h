@@ -32,4 +32,10 @@ void gemm(bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha, const 
 void gemm(bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha, const c10::BFloat16* A, int64_t lda,
           const c10::BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+/// C[M, N] = A[M, K] * B[K, N] + beta * C, all row-major float, on the process's OpenMP threads
+/// (oneDNN's own partition of the product): for a caller outside any parallel region, where
+/// oneDNN is the provider (nn::linear).
+void gemm_threads(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                  float* C, int64_t ldc);
+
 }  // namespace fluxmpi::nn::cpu

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::nn {
@@ -13,7 +14,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in
   if (with_bias) bias = register_parameter("bias", placeholder({out}), false);
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) const { return nn::linear(x, weight, bias); }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", placeholder({dim}), false);
@@ -74,7 +75,7 @@ std::pair<at::Tensor, at::Tensor> fuse_linears(const std::vector<Linear>& parts)
     ws.push_back(l->weight);
     bs.push_back(l->bias);
   }
-  at::Tensor w = at::cat(ws, 0), b = at::cat(bs, 0);
+  at::Tensor w = gemm_layout(at::cat(ws, 0)), b = at::cat(bs, 0);
   int64_t offset = 0;
   for (const auto& l : parts) {
     l->weight.set_data(w.narrow(0, offset, l->out_features));

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/common/attention.h"
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 #include "models/common/tiled_attention.h"
 #include "models/flux/fused.h"
@@ -41,7 +42,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const 
   at::Tensor q, k, v;
   const at::Tensor& fw = text ? fused_add_weight_ : fused_weight_;
   if (fw.defined()) {
-    at::Tensor qkv = at::linear(x, fw, text ? fused_add_bias_ : fused_bias_);
+    at::Tensor qkv = nn::linear(x, fw, text ? fused_add_bias_ : fused_bias_);
     q = qkv.narrow(-1, 0, inner);
     k = qkv.narrow(-1, inner, inner);
     v = qkv.narrow(-1, 2 * inner, inner);
@@ -144,8 +145,8 @@ std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Ten
       const auto part = [&](int64_t i) { return qkv.narrow(-1, i * inner, inner).view({B, n, heads, head_dim}); };
       j.add(part(0), part(1), part(2), nq, nk, rope, row0);
     };
-    add(at::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, 0);
-    add(at::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, S);
+    add(nn::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, 0);
+    add(nn::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, S);
     at::Tensor out = at::empty({B, S + L, inner}, img.options());
     j.attend_into(out);
     return {to_add_out->forward(out.narrow(1, 0, S)), out_proj_->forward(out.narrow(1, S, L))};

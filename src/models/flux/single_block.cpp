@@ -1,5 +1,6 @@
 #include "models/flux/single_block.h"
 
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 #include "models/flux/double_block.h"
 #include "models/flux/fused.h"
@@ -26,7 +27,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
   const int64_t inner = attn->heads * attn->head_dim;
   if (fused_weight_.defined() && fused::applies(x)) {
     // The attention output and GELU(mlp) are written side by side into proj_out's input: no cat.
-    at::Tensor all = at::linear(h, fused_weight_, fused_bias_);
+    at::Tensor all = nn::linear(h, fused_weight_, fused_bias_);
     at::Tensor both = at::empty({x.size(0), x.size(1), inner + mlp_dim}, x.options());
     attn->attend_into(all.narrow(-1, 0, inner), all.narrow(-1, inner, inner), all.narrow(-1, 2 * inner, inner), rope,
                       both.narrow(-1, 0, inner), kv);
@@ -35,7 +36,7 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
   }
   at::Tensor q, k, v, mlp;
   if (fused_weight_.defined()) {
-    at::Tensor all = at::linear(h, fused_weight_, fused_bias_);
+    at::Tensor all = nn::linear(h, fused_weight_, fused_bias_);
     q = all.narrow(-1, 0, inner);
     k = all.narrow(-1, inner, inner);
     v = all.narrow(-1, 2 * inner, inner);

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 #include "models/flux/latents.h"
 
@@ -131,6 +132,7 @@ at::Tensor FluxTransformerImpl::forward(const TransformerInputs& in, const at::T
 }
 
 void FluxTransformerImpl::fuse_projections() {
+  nn::use_gemm_layout(*this);  // fp32 on the CPU: the weights as oneDNN's GEMM reads them (cpu_linear.h)
   for (auto& b : double_blocks) b->fuse();
   for (auto& b : single_blocks) b->fuse();
 }

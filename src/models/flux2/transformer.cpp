@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/tensor_store.h"
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::flux2 {
@@ -178,6 +179,7 @@ Flux2Transformer load_flux2_transformer(const std::string& transformer_dir, cons
   nn::LoadStats s = nn::load_module(*model, store, rules, dtype, device);
   if (stats != nullptr) *stats = s;
   store.close();
+  nn::use_gemm_layout(*model);  // fp32 on the CPU: the weights as oneDNN's GEMM reads them (cpu_linear.h)
   return model;
 }
 
