@@ -2,7 +2,7 @@
 //
 //   fluxmpi-bench-matmul (--model DIR | --config FILE [--double N --single M --heads H --head-dim D])
 //                        [--height 256 --width 256 --msl 128] [--dtype fp32|bf16[,...]] [--threads N]
-//                        [--device cpu|cuda] [--repeat R] [--profile]
+//                        [--device cpu|cuda] [--repeat R] [--profile] [--patches P]
 //
 // --model times the pipeline folder's transformer with its weights; --config builds the
 // transformer of a config.json (e.g. the real FLUX.1-dev one) with random weights made directly in
@@ -14,7 +14,11 @@
 // in one process, and the matmul and the forward alternate, so that a slow spell of a shared
 // machine hits all alike; each keeps its best time. --profile adds a table of where one forward's
 // time goes, per libtorch operator (the operators called by fluxmpi's code, each with everything
-// it calls), from RecordFunction callbacks in an extra forward that is not timed.
+// it calls), from RecordFunction callbacks in an extra forward that is not timed. --patches P
+// also times one pipelined step of P patches as `fluxmpi --patches P` runs it on one rank (each
+// patch embedded, through every block with the key/value caches an exact step filled, then the
+// final layer; a new timestep each time, so the modulation is computed once per step): the unit
+// costs the schedule model's calibration fits (tools/sim/calibrate.py).
 #include <ATen/record_function.h>
 #include <boost/program_options.hpp>
 #include <c10/core/InferenceMode.h>
@@ -28,6 +32,7 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "core/error.h"
@@ -36,11 +41,13 @@
 #include "io/json_config.h"
 #include "io/model_dir.h"
 #include "models/common/attention.h"
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 #include "models/flux/latents.h"
 #include "models/flux/transformer.h"
 #include "parallel/device.h"
 #include "parallel/partition.h"
+#include "pipeline/denoise.h"
 #include "op_profile.h"
 
 namespace po = boost::program_options;
@@ -109,7 +116,56 @@ void synchronize(at::Device device) {
 using bench::OpProfile;
 
 struct Measured {
-  double gemm_s = 1e30, fwd_s = 1e30, fwd_cpu_s = 1e30;
+  double gemm_s = 1e30, fwd_s = 1e30, fwd_cpu_s = 1e30, patched_s = 1e30;
+};
+
+// One step of `fluxmpi --patches P` on one rank (pipeline/denoise.cpp's units): patch p holds its
+// image rows (the text with patch 0), sits at its offset in the sequence and reads every block's
+// cached keys and values, which `fill_caches` wrote as the exact warm-up step does.
+class PatchedStep {
+ public:
+  PatchedStep(const flux::FluxTransformerImpl& t, flux::TransformerInputs in, flux::RopeTables rope,
+              const flux::LatentGeometry& g, int64_t text_tokens, int64_t patches)
+      : t_(t), in_(std::move(in)), rope_(std::move(rope)), text_(text_tokens),
+        ranges_(pipeline::patch_ranges(g.latent_height / 2, g.latent_width / 2, patches)) {
+    kv_ = t_.kv_caches(1, text_ + g.tokens(), in_.latents.options());
+  }
+
+  void fill_caches(double timestep) {
+    for (flux::KvCache& c : kv_) c.offset = 0;
+    flux::StreamState s = t_.embed(at_timestep(in_, timestep));
+    t_.run_blocks(s, rope_, {}, &kv_);
+    t_.final_layer(s);
+  }
+
+  void run(double timestep) {
+    const flux::TransformerInputs whole = at_timestep(in_, timestep);
+    for (size_t p = 0; p < ranges_.size(); ++p) {
+      const pipeline::TokenRange& r = ranges_[p];
+      flux::TransformerInputs u = whole;
+      u.latents = whole.latents.narrow(1, r.first, r.count).contiguous();
+      if (p > 0) u.text = whole.text.narrow(1, 0, 0);
+      const int64_t offset = p == 0 ? 0 : text_ + r.first, tokens = (p == 0 ? text_ : 0) + r.count;
+      for (flux::KvCache& c : kv_) c.offset = offset;
+      flux::StreamState s = t_.embed(u);
+      t_.run_blocks(s, {rope_.cos.narrow(0, offset, tokens), rope_.sin.narrow(0, offset, tokens)}, {}, &kv_);
+      t_.final_layer(s);
+    }
+  }
+
+ private:
+  static flux::TransformerInputs at_timestep(const flux::TransformerInputs& in, double timestep) {
+    flux::TransformerInputs t = in;
+    t.timestep = at::full_like(in.timestep, timestep);
+    return t;
+  }
+
+  const flux::FluxTransformerImpl& t_;
+  flux::TransformerInputs in_;
+  flux::RopeTables rope_;
+  int64_t text_;
+  std::vector<pipeline::TokenRange> ranges_;
+  std::vector<flux::KvCache> kv_;
 };
 
 }  // namespace
@@ -119,6 +175,8 @@ int main(int argc, char** argv) {
     std::string model, config_path, dtype_list = "fp32", device_name = "cpu";
     int64_t height = 256, width = 256, msl = 128, vae_scale = 8;
     int threads = 1, repeat = 5;
+    int64_t patches = 1;
+    std::string linear = "onednn";
     uint64_t seed = 0;
     bool profile = false;
     po::options_description opts("fluxmpi-bench-matmul");
@@ -136,7 +194,10 @@ int main(int argc, char** argv) {
         "threads", po::value(&threads)->default_value(1), "threads")(
         "repeat", po::value(&repeat)->default_value(5), "rounds of (3 matmuls, 1 forward) per dtype; the best time of each is kept")(
         "seed", po::value(&seed)->default_value(0), "seed of the random weights and inputs")(
-        "profile", po::bool_switch(&profile), "print where one forward's time goes, per operator");
+        "profile", po::bool_switch(&profile), "print where one forward's time goes, per operator")(
+        "patches", po::value(&patches)->default_value(1), "also time one pipelined step of this many patches (> 1)")(
+        "linear", po::value(&linear)->default_value("onednn"),
+        "fp32 CPU linear layers: onednn (fluxmpi's, models/common/cpu_linear.h) | libtorch (at::linear)");
     po::variables_map vm;
     po::store(po::parse_command_line(argc, argv, opts), vm);
     po::notify(vm);
@@ -145,6 +206,9 @@ int main(int argc, char** argv) {
       for (const char* k : {"double", "single", "heads", "head-dim"})
         if (vm.count(k)) throw UsageError(str_cat("--", k, " needs --config"));
     if (threads < 1 || repeat < 1) throw UsageError("--threads and --repeat must be positive");
+    if (patches < 1) throw UsageError("--patches must be positive");
+    if (linear != "onednn" && linear != "libtorch") throw UsageError("--linear must be onednn or libtorch, got " + linear);
+    nn::set_onednn_linear(linear == "onednn");
     parallel::apply_threads(threads);
     c10::InferenceMode guard;
     const at::Device device = parallel::select_device(device_name, 0);
@@ -175,6 +239,8 @@ int main(int argc, char** argv) {
     }
     const flux::LatentGeometry g = flux::latent_geometry(height, width, vae_scale, tc.latent_channels());
     const int64_t tokens = g.tokens() + msl, D = tc.inner_dim();
+    if (patches > g.latent_height / 2)
+      throw UsageError(str_cat("--patches ", patches, ": the image has only ", g.latent_height / 2, " token rows"));
     parallel::PlanRequest request;
     request.transformer = tc;
     request.image_tokens = g.tokens();
@@ -202,6 +268,7 @@ int main(int argc, char** argv) {
       int64_t param_bytes = 0, peak_rss = 0;
       double build_s = 0;
       Measured m;
+      std::unique_ptr<PatchedStep> patched;
     };
     std::vector<Run> runs;
     const at::Tensor txt_ids = flux::text_position_ids(msl).to(device);
@@ -234,6 +301,9 @@ int main(int argc, char** argv) {
       synchronize(device);
       r.peak_rss = status_bytes("VmHWM:");
       at::linear(r.x, r.w, r.b);
+      if (patches > 1) {
+        r.patched = std::make_unique<PatchedStep>(*r.t, r.in, r.t->rope(txt_ids, img_ids), g, msl, patches);
+      }
       runs.push_back(std::move(r));
     }
 
@@ -252,6 +322,15 @@ int main(int argc, char** argv) {
         synchronize(device);
         r.m.fwd_s = std::min(r.m.fwd_s, seconds_since(t0));
         r.m.fwd_cpu_s = std::min(r.m.fwd_cpu_s, process_cpu_seconds() - c0);
+        if (r.patched) {
+          // The exact step before it (a warm-up step) fills the caches at another timestep.
+          r.patched->fill_caches(0.75 - 0.01 * i);
+          synchronize(device);
+          const auto p0 = Clock::now();
+          r.patched->run(0.7 - 0.01 * i);
+          synchronize(device);
+          r.m.patched_s = std::min(r.m.patched_s, seconds_since(p0));
+        }
       }
     }
 
@@ -266,6 +345,9 @@ int main(int argc, char** argv) {
                   "CPU time %.1f ms\n",
                   nn::dtype_label(r.dtype), r.m.fwd_s * 1e3, fwd_flops * 1e-9, fwd_flops / r.m.fwd_s * 1e-9,
                   100.0 * (fwd_flops / r.m.fwd_s) / peak, r.m.fwd_cpu_s * 1e3);
+      if (r.patched)
+        std::printf("%s: patched step (%lld patches): %.1f ms = %.3f of the forward\n", nn::dtype_label(r.dtype),
+                    static_cast<long long>(patches), r.m.patched_s * 1e3, r.m.patched_s / r.m.fwd_s);
     }
     std::fflush(stdout);
 

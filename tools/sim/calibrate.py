@@ -14,6 +14,12 @@
    tokens attending to kv keys (c2: attention, c1: the linear layers, c0: per-call overhead).
    The embedders + final layer are fitted to e0 + e_img n_img + e_txt n_txt and split half and
    half between the two (their FLOPs per image token are equal: in_channels x D each way).
+   The same processes also time one pipelined step of PATCHES patches (`--patches`: each patch's
+   rows through every block with the key/value caches, the modulation once per step), and the
+   3-minus-1 differences of those steps, P calls of a block whose queries add up to n and
+   each read all n keys, are fitted to P c0 + c1 n + c2 n^2: the `*_block_patch` costs the
+   simulator charges a patch unit (c0 per call; a patch is cheaper than the whole-sequence fit
+   says, since its GEMMs stay as efficient and the modulation is not recomputed).
 2. Encode, decode and checkpoint costs: one-rank fluxmpi jobs (2 images, 4 steps, 64 x 64
    pixels) with and without --checkpoint, from the `summary:` line: encode per distinct prompt,
    decode per image (both include loading their models, as a job does), and the checkpoint's
@@ -41,6 +47,8 @@ sys.path.insert(0, HERE)
 from fsim.hostload import run_measured  # noqa: E402
 # (height = width, max sequence length): 96, 192, 384, 704 and 1152 joint tokens.
 POINTS = [(128, 32), (128, 128), (256, 128), (384, 128), (512, 128)]
+# Patches of the pipelined steps timed beside the forwards (validate.py's patch rows use 4).
+PATCHES = 4
 
 
 def run(cmd, env=None):
@@ -58,16 +66,18 @@ def find(build, name):
 
 
 def forward_ms(bench, config, double, single, size, msl, a):
-    """The best forward's seconds, times the share of a processor the bench process got (on a
-    shared machine its wall time is stretched by 1 / share; fsim/hostload.py)."""
+    """The best forward's and the best pipelined step's seconds, times the share of a processor
+    the bench process got (on a shared machine its wall time is stretched by 1 / share;
+    fsim/hostload.py)."""
     cmd = [bench, "--config", config, "--double", str(double), "--single", str(single), "--height", str(size),
            "--width", str(size), "--msl", str(msl), "--threads", str(a.threads), "--dtype", a.dtype,
-           "--repeat", str(a.repeat)]
+           "--repeat", str(a.repeat), "--patches", str(PATCHES)]
     rc, out, share, _, _ = run_measured(cmd)
     m = re.search(r"transformer forward: ([0-9.]+) ms", out)
-    if rc != 0 or not m:
+    p = re.search(r"patched step \(%d patches\): ([0-9.]+) ms" % PATCHES, out)
+    if rc != 0 or not m or not p:
         sys.exit("calibrate: no forward time from %s:\n%s" % (" ".join(cmd), out[-3000:]))
-    return float(m.group(1)) / 1000.0 * share
+    return float(m.group(1)) / 1000.0 * share, float(p.group(1)) / 1000.0 * share
 
 
 def least_squares(rows, ys):
@@ -85,33 +95,41 @@ def least_squares(rows, ys):
     return [m[i][k] / m[i][i] for i in range(k)]
 
 
-def quadratic_fit(ns, ts):
+def quadratic_fit(ns, ts, calls=1):
+    """c0 + c1 n + c2 n^2 per call, from times of `calls` calls that together cover n tokens."""
     # Scaled columns keep the normal equations well conditioned (n is up to ~1e3).
     c = least_squares([[1.0, n / 1e3, (n / 1e3) ** 2] for n in ns], ts)
-    return {"c0": c[0], "c1": c[1] / 1e3, "c2": c[2] / 1e6}
+    return {"c0": c[0] / calls, "c1": c[1] / 1e3, "c2": c[2] / 1e6}
 
 
 def measure_blocks(bench, config, a, log):
     # Rounds over every (point, layout) in turn, each keeping its best: a slow spell of a shared
     # machine then spoils one round of a measurement, not all of it.
-    best = {}
+    best, best_p = {}, {}
     for _ in range(a.rounds):
         for size, msl in POINTS:
             for d, s in ((1, 0), (3, 0), (0, 1), (0, 3)):
-                t = forward_ms(bench, config, d, s, size, msl, a)
+                t, tp = forward_ms(bench, config, d, s, size, msl, a)
                 k = (size, msl, d, s)
                 best[k] = min(best.get(k, t), t)
+                best_p[k] = min(best_p.get(k, tp), tp)
     rows = []
     for size, msl in POINTS:
         img = (size // 16) ** 2
         t = {(d, s): best[(size, msl, d, s)] for d, s in ((1, 0), (3, 0), (0, 1), (0, 3))}
+        tp = {(d, s): best_p[(size, msl, d, s)] for d, s in ((1, 0), (3, 0), (0, 1), (0, 3))}
         cd = (t[(3, 0)] - t[(1, 0)]) / 2
         cs = (t[(0, 3)] - t[(0, 1)]) / 2
         rest = ((t[(1, 0)] - cd) + (t[(0, 1)] - cs)) / 2
+        pd = (tp[(3, 0)] - tp[(1, 0)]) / 2
+        ps = (tp[(0, 3)] - tp[(0, 1)]) / 2
         rows.append({"size": size, "msl": msl, "image_tokens": img, "tokens": img + msl, "double_s": cd,
-                     "single_s": cs, "embed_final_s": rest, "forwards_s": {"%dd%ds" % k: v for k, v in t.items()}})
-        log("  %4d tokens: double %.2f ms, single %.2f ms, embedders + final %.2f ms" % (
-            img + msl, 1e3 * cd, 1e3 * cs, 1e3 * rest))
+                     "single_s": cs, "embed_final_s": rest, "forwards_s": {"%dd%ds" % k: v for k, v in t.items()},
+                     "patched_double_s": pd, "patched_single_s": ps,
+                     "patched_steps_s": {"%dd%ds" % k: v for k, v in tp.items()}})
+        log("  %4d tokens: double %.2f ms, single %.2f ms, embedders + final %.2f ms; in a step of %d patches: "
+            "double %.2f ms, single %.2f ms" % (img + msl, 1e3 * cd, 1e3 * cs, 1e3 * rest, PATCHES, 1e3 * pd,
+                                                 1e3 * ps))
     return rows
 
 
@@ -186,6 +204,8 @@ def main():
     ns = [r["tokens"] for r in rows]
     double = quadratic_fit(ns, [r["double_s"] for r in rows])
     single = quadratic_fit(ns, [r["single_s"] for r in rows])
+    double_patch = quadratic_fit(ns, [r["patched_double_s"] for r in rows], calls=PATCHES)
+    single_patch = quadratic_fit(ns, [r["patched_single_s"] for r in rows], calls=PATCHES)
     e = least_squares([[1.0, r["image_tokens"] / 1e3, r["msl"] / 1e3] for r in rows],
                       [r["embed_final_s"] for r in rows])
     e = [max(0.0, e[0]), max(0.0, e[1] / 1e3), max(0.0, e[2] / 1e3)]
@@ -204,6 +224,8 @@ def main():
         "costs": {
             "double_block": double,
             "single_block": single,
+            "double_block_patch": dict(double_patch, patches=PATCHES),
+            "single_block_patch": dict(single_patch, patches=PATCHES),
             "embedder": {"c0": e[0] / 2, "c_img": e[1] / 2, "c_txt": e[2]},
             "final_layer": {"c0": e[0] / 2, "c1": e[1] / 2},
             "decode": {"c0": jc["decode_image_s"], "c1": 0.0},

@@ -145,13 +145,16 @@ class Costs:
     def __init__(self, c):
         self.c = c
 
-    def block(self, kind, m, q, kv):
-        """One block on a unit of m images x q query tokens attending to kv tokens."""
-        b = self.c[kind + "_block"]
+    def block(self, kind, m, q, kv, patch=False):
+        """One block on a unit of m images x q query tokens attending to kv tokens; a patch of a
+        pipelined step has costs of its own where the profile measured them (`*_block_patch`)."""
+        b = self.c.get(kind + "_block_patch") if patch else None
+        b = b or self.c[kind + "_block"]
         return b["c0"] + b["c1"] * m * q + b["c2"] * m * q * kv
 
-    def blocks(self, stage, m, q, kv):
-        return stage.num_double * self.block("double", m, q, kv) + stage.num_single * self.block("single", m, q, kv)
+    def blocks(self, stage, m, q, kv, patch=False):
+        return (stage.num_double * self.block("double", m, q, kv, patch) +
+                stage.num_single * self.block("single", m, q, kv, patch))
 
     def embed(self, m, text, image):
         e = self.c["embedder"]

@@ -128,7 +128,7 @@ class Job:
     # --- costs of one unit (one pass) on pipeline rank i --------------------------------------
     def block_seconds(self, i, g, u):
         kv = self.text_tokens + self.image_tokens if u.patch >= 0 else u.tokens
-        return self.costs.blocks(self.stages[i], g.count, u.tokens, kv)
+        return self.costs.blocks(self.stages[i], g.count, u.tokens, kv, patch=u.patch >= 0)
 
     def state_msg(self, i, g, step, p, u):
         joint = not self.stages[i].ends_in_double()

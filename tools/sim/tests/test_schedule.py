@@ -112,6 +112,21 @@ class HandComputed(unittest.TestCase):
         r = simulate(toy_profile(double=0, single=0, embed=0, final=0, c1=0.5, c2=0.01), toy(ranks=1, steps=1))
         self.assertAlmostEqual(r["denoise_s"], 2 * (0.5 * 20 + 0.01 * 20 * 20))
 
+    def test_patch_costs_of_their_own(self):
+        """A profile with `*_block_patch` charges each patch of a pipelined step those costs, the
+        exact steps the whole-sequence ones. 1 image, 1 rank, 2 steps, --patches 2: step 0 exact
+        (both blocks on 20 tokens: 2 x 0.5 x 20 = 20 s), step 1 two patches: patch 0 the 4 text +
+        8 image tokens, patch 1 8 image tokens, each reading 20 keys, both blocks at c0 = 0.25,
+        c1 = 0.1, c2 = 0.01: 2 x [(0.25 + 1.2 + 2.4) + (0.25 + 0.8 + 1.6)] = 13 s."""
+        prof = toy_profile(double=0, single=0, embed=0, final=0, c1=0.5)
+        for kind in ("double", "single"):
+            prof.costs.c[kind + "_block_patch"] = {"c0": 0.25, "c1": 0.1, "c2": 0.01, "patches": 2}
+        r = simulate(prof, toy(ranks=1, steps=2, patches=2))
+        self.assertAlmostEqual(r["denoise_s"], 20.0 + 13.0)
+        # Without them a patch costs what the whole-sequence fit says: 2 x 0.5 x (12 + 8) = 20 s.
+        r = simulate(toy_profile(double=0, single=0, embed=0, final=0, c1=0.5), toy(ranks=1, steps=2, patches=2))
+        self.assertAlmostEqual(r["denoise_s"], 40.0)
+
 
 class Equivalence(unittest.TestCase):
     def test_dynamic_with_one_pipeline_is_the_static_schedule(self):
