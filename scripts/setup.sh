@@ -17,6 +17,7 @@ esac
 packages=(
   build-essential cmake pkg-config git
   ccache                                 # compiler output cached across builds and CI runs (scripts/lib/ccache.sh)
+  mold                                   # links about ten times faster than GNU ld (CMakeLists.txt, FLUXMPI_LINKER)
   libtorch-dev libopenblas0-openmp       # tensor math; OpenBLAS (OpenMP) instead of the ~25x slower reference BLAS
   libopenmpi-dev openmpi-bin             # MPI
   libhdf5-dev hdf5-tools                 # checkpoints; h5dump/h5ls/h5clear
