@@ -43,7 +43,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 }
 
 at::Tensor gemm_layout(const at::Tensor& w) {
-  if (!onednn_float(w) || w.dim() != 2 || in_gemm_layout(w)) return w;
+  if (!onednn_linear || !onednn_float(w) || w.dim() != 2 || in_gemm_layout(w)) return w;
   return w.t().contiguous().t();
 }
 

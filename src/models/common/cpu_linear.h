@@ -28,7 +28,8 @@ at::Tensor gemm_layout(const at::Tensor& w);
 /// Every nn::Linear of `module` (its own and its children's) in gemm_layout.
 void use_gemm_layout(torch::nn::Module& module);
 
-/// Benchmarks: false makes `linear` at::linear everywhere (the weights keep their layout).
+/// Benchmarks: false makes `linear` at::linear everywhere and `gemm_layout` keep the usual layout
+/// (libtorch's own path, as before nn::linear, for models built after the call).
 void set_onednn_linear(bool on);
 
 }  // namespace fluxmpi::nn
