@@ -144,6 +144,25 @@ TEST(TiledAttention, StridedViewsInAndOut) {
   }
 }
 
+// Keys and values whose rows are spread over a wider matrix ([B, L, H, Dh] seen as [B, H, L, Dh],
+// as the FLUX blocks pass them) are gathered into one run of memory when more than one query block
+// reads them: the same bits as the same keys and values made contiguous, with one query block and
+// with several (1, 2 and 3 blocks of kTileQueries).
+TEST(TiledAttention, GatheredKeysAndValuesGiveTheSameBits) {
+  c10::InferenceMode guard;
+  at::manual_seed(5);
+  const int64_t B = 1, H = 4, Lk = 700, Dh = 32;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor kc = (2 * at::randn({B, Lk, H, Dh})).to(dtype), vc = at::randn({B, Lk, H, Dh}).to(dtype);
+    for (int64_t Lq : {kTileQueries, kTileQueries + 1, 3 * kTileQueries}) {
+      const at::Tensor q = (2 * at::randn({B, H, Lq, Dh})).to(dtype);
+      const at::Tensor spread = tiled(q, kc.transpose(1, 2), vc.transpose(1, 2), {}, 0.2, false);
+      const at::Tensor packed = tiled(q, kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous(), {}, 0.2, false);
+      EXPECT_TRUE(test::identical(std::string("gathered ") + at::toString(dtype) + " Lq " + std::to_string(Lq), spread, packed));
+    }
+  }
+}
+
 // A row whose scores are all -inf is 0 / 0 = NaN, as softmax makes it; the other rows are not
 // touched by it.
 TEST(TiledAttention, FullyMaskedRowIsNaNAsSoftmaxGivesIt) {

@@ -4,6 +4,7 @@ Standard library only; see docs/performance.md ("Against diffusers") for a run a
 
   tools/bench/peer/peer.py --diffusers DIR [--diffusers DIR2] [--build build] [--build-d13 build-debian13]
                            [--peer-python "scripts/debian13.sh python3"] [--work DIR] [--threads 2] [--quick]
+                           [--only forward|job|demo] [--dtype fp32|bf16] [--forward-model d512|d3072]
 
 --diffusers: folders that hold the `diffusers` and `huggingface_hub` packages (their source trees'
 src/ folders, or an install), put on the peer Python's path; nothing of theirs is in this repository.
@@ -219,6 +220,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="turns of each measurement (best kept)")
     ap.add_argument("--quick", action="store_true", help="the short plan (see above)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the setup in a few minutes, no numbers")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), action="append",
+                    help="only these dtypes (repeatable; default both), to re-measure some rows")
+    ap.add_argument("--forward-model", choices=("d512", "d3072"), action="append",
+                    help="only these models' forwards (repeatable; default both)")
     ap.add_argument("--only", choices=("forward", "job", "demo"), action="append",
                     help="run only these parts (repeatable)")
     args = ap.parse_args()
@@ -227,6 +232,8 @@ def main():
     work = os.path.abspath(args.work or os.path.join(args.build, "peer-bench"))
     os.makedirs(work, exist_ok=True)
     parts = args.only or ["forward", "job", "demo"]
+    dtypes = args.dtype or ["fp32", "bf16"]
+    forward_models = args.forward_model or ["d512", "d3072"]
     plan = PLANS["smoke" if args.smoke else "quick" if args.quick else "full"]
     for exe in ("fluxmpi", "tools/make_tiny_model/make-tiny-model", "tools/bench/fluxmpi-bench-matmul"):
         if not os.path.exists(os.path.join(args.build, exe)):
@@ -242,7 +249,7 @@ def main():
     load_before = loadavg()
     wanted = set()
     if "forward" in parts:
-        wanted |= {n for n in ("d512", "d3072") if plan["forward"][n]}
+        wanted |= {n for n in forward_models if plan["forward"][n]}
     if "job" in parts:
         wanted.add("d512")
     if "demo" in parts:
@@ -259,9 +266,9 @@ def main():
     emit("|" + "---|" * (header.count("|") - 1))
 
     if "forward" in parts:
-        for name in ("d512", "d3072"):
+        for name in forward_models:
             for size in plan["forward"][name]:
-                for dtype in ("fp32", "bf16"):
+                for dtype in dtypes:
                     repeat = 3 if name == "d512" else 1
                     best = interleaved(sides, args.rounds, lambda s: (forward_time(args, s, models[name], size, dtype,
                                                                                    repeat), ""))
@@ -269,7 +276,7 @@ def main():
 
     def jobs(name, sizes, steps):
         for size in sizes:
-            for dtype in ("fp32", "bf16"):
+            for dtype in dtypes:
                 embeds = job_embeds(args, sides[1], models[name], dtype, work)
                 pngs = {s.name: os.path.join(work, "%s-%d-%s-%s.png" % (name, size, dtype, s.name)) for s in sides}
                 best = interleaved(sides, args.rounds, lambda s: job_time(args, s, models[name], size, steps, dtype,
