@@ -7,9 +7,11 @@
 /// sum of exponentials. The [B, H, Lq, Lk] score matrix is never formed: a thread holds one
 /// [kTileQueries, kTileKeys] tile, in cache.
 ///
-/// Arithmetic: fp32 inputs in fp32 throughout. bf16 inputs: the scores, exponentials, sums and
-/// the output rows in fp32 (the GEMMs take bf16 operands and accumulate in fp32); the
-/// exponentials are rounded to bf16 to enter the second GEMM, and the output once at the end.
+/// Arithmetic: the scores are kept in base 2 (the GEMM's scale times log2 e), so that the
+/// exponentials are powers of 2 (cpu::exp2_nonpositive, within 2 float ulps). fp32 inputs in
+/// fp32 throughout. bf16 inputs: the scores, exponentials, sums and the output rows in fp32 (the
+/// GEMMs take bf16 operands and accumulate in fp32); the exponentials are rounded to bf16 to
+/// enter the second GEMM, and the output once at the end.
 ///
 /// Determinism: every (batch, head, query block) is one task with its own buffers, its sums in a
 /// fixed order, and the GEMMs run on the task's thread; so the result does not depend on the
