@@ -1,6 +1,6 @@
 #pragma once
 // Parameter-count and memory formulas shared by the planner's cost model, the per-family counts
-// and the text-encoder split (partition.cpp, param_counts.cpp, text_split.cpp). Internal to
+// and the text-encoder split (cost_model.cpp, param_counts.cpp, text_split.cpp). Internal to
 // src/parallel.
 
 #include <algorithm>

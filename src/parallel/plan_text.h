@@ -1,6 +1,6 @@
 #pragma once
 // Text helpers shared by the planner's option parsers (plan_options.cpp) and its messages
-// (partition.cpp). Internal to src/parallel.
+// (partition.cpp, plan_advice.cpp). Internal to src/parallel.
 
 #include <cstdint>
 #include <optional>
