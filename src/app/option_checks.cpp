@@ -1,0 +1,156 @@
+#include "app/option_checks.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "app/paths.h"
+#include "core/log.h"
+
+namespace fluxmpi::app::options {
+namespace fs = std::filesystem;
+
+std::string normalise_dtype(const Settings& s) {
+  std::string v = s.text("dtype");
+  if (v == "auto") return "auto";
+  if (v == "fp32" || v == "float32") return "fp32";
+  if (v == "bf16" || v == "bfloat16") return "bf16";
+  if (v == "fp16" || v == "float16") return "fp16";
+  s.fail("dtype", str_cat("must be one of auto, fp32, bf16, fp16, got '", v, "'"));
+}
+
+namespace {
+
+bool ends_with_png(const std::string& path) {
+  std::string name = fs::path(path).filename().string();
+  if (name.size() < 4) return false;
+  std::string ext = name.substr(name.size() - 4);
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".png";
+}
+
+}  // namespace
+
+void check_model(const Settings& s, RunConfig& c) {
+  c.model = s.text("model");
+  std::error_code ec;
+  // Each weight source: a folder or a regular file (what it holds is checked when it is opened).
+  auto check_source = [&](const char* name, std::string& out) {
+    out = s.text(name);
+    if (!s.has(name)) return;
+    if (out.empty()) s.fail(name, "must not be empty");
+    if (!fs::exists(out, ec)) s.fail(name, str_cat("'", out, "': not found"));
+    if (!fs::is_directory(out, ec) && !fs::is_regular_file(out, ec))
+      s.fail(name, str_cat("'", out, "': not a folder or a regular file"));
+  };
+  check_source("transformer", c.transformer);
+  check_source("vae", c.vae);
+  check_source("text-encoder", c.text_encoder);
+  check_source("text-encoder-2", c.text_encoder_2);
+  c.model_config = s.text("model-config");
+  if (s.has("model-config") && !fs::is_directory(c.model_config, ec))
+    s.fail("model-config", str_cat("'", c.model_config, "': ", fs::exists(c.model_config, ec) ? "not a directory" : "not found"));
+  if (c.model.empty()) {
+    if (!s.has("resume") && c.transformer.empty())
+      s.fail("model", "is required: a diffusers FluxPipeline folder (DIR with model_index.json) or a .safetensors file");
+    return;
+  }
+  if (!fs::exists(c.model, ec)) s.fail("model", str_cat("'", c.model, "': not found"));
+  if (!fs::is_directory(c.model, ec) && !fs::is_regular_file(c.model, ec))
+    s.fail("model", str_cat("'", c.model, "': not a folder or a regular file"));
+}
+
+// The image inputs: absolute paths (their contents are read by prepare_run, before anything
+// heavy), the strength within (0, 1].
+void check_image_inputs(const Settings& s, RunConfig& c) {
+  std::error_code ec;
+  for (auto [name, out] : {std::pair<const char*, std::string*>{"image", &c.image}, {"mask", &c.mask},
+                           {"control-image", &c.control_image}}) {
+    if (!s.has(name)) continue;
+    *out = s.text(name);
+    if (out->empty()) s.fail(name, "must not be empty");
+    *out = fs::absolute(*out, ec).lexically_normal().string();
+  }
+  c.strength = s.number("strength", 0.0, "must be in (0, 1]");
+  if (c.strength && (*c.strength <= 0.0 || *c.strength > 1.0))
+    s.fail("strength", str_cat("must be in (0, 1] (1 = the whole schedule), got ", *c.strength));
+  c.max_area = s.integer("max-area", 1, kMaxImageSide * kMaxImageSide);
+  c.no_auto_resize = s.flag("no-auto-resize");
+  c.pipeline = s.text("pipeline");
+  if (s.has("pipeline") && c.pipeline.empty()) s.fail("pipeline", "must not be empty");
+}
+
+// --lora FILE[:SCALE], in the order given: each file must exist (its contents are checked against
+// the model by prepare_run). Stored with the absolute path, so that the other ranks, the checkpoint
+// and --resume name the same file.
+void check_loras(const Settings& s, RunConfig& c) {
+  for (const Settings::Value& v : s.list("lora")) {
+    io::LoraSpec spec;
+    try {
+      spec = io::parse_lora_spec(v.text);
+    } catch (const UsageError& e) {
+      s.fail(v, "lora", e.what());
+    }
+    std::error_code ec;
+    if (!fs::exists(spec.path, ec)) s.fail(v, "lora", str_cat("'", spec.path, "': not found"));
+    if (!fs::is_regular_file(spec.path, ec)) s.fail(v, "lora", str_cat("'", spec.path, "': not a file"));
+    spec.path = fs::absolute(spec.path, ec).lexically_normal().string();
+    c.loras.push_back(spec);
+  }
+}
+
+void check_prompts(const Settings& s, RunConfig& c) {
+  if (s.has("prompt") && s.has("prompts-file"))
+    throw UsageError("--prompt and --prompts-file cannot be used together: give one prompt or a file of prompts");
+  for (const char* name : {"prompt", "prompt-2", "negative-prompt"}) s.require_utf8(name);
+  if (s.has("prompt")) {
+    c.prompts = {s.text("prompt")};
+  } else if (s.has("prompts-file")) {
+    c.prompts_file = s.text("prompts-file");
+    PromptsFile file = read_prompts_or_json_lines(c.prompts_file);
+    c.prompts = std::move(file.prompts);
+    c.prompt_inputs = std::move(file.inputs);
+  } else if (!s.has("resume") && !s.flag("dry-run")) {
+    throw UsageError("no prompt: give --prompt TEXT or --prompts-file FILE");
+  }
+  c.prompt_2 = s.text("prompt-2");
+  c.negative_prompt = s.has("negative-prompt") ? std::optional<std::string>(s.text("negative-prompt")) : std::nullopt;
+  if (c.negative_prompt && c.true_cfg <= 1.0)
+    log::warn("--negative-prompt is ignored: true classifier-free guidance needs --true-cfg > 1");
+  if (!c.negative_prompt && c.true_cfg > 1.0)
+    log::warn("--true-cfg ", c.true_cfg, " is ignored: true classifier-free guidance needs --negative-prompt (\"\" for an empty one)");
+}
+
+void check_output_and_checkpoints(const Settings& s, RunConfig& c) {
+  c.output = s.text("output");
+  const std::string first = image_output_path(c.output, 0, 1);
+  std::error_code ec;
+  if (!ends_with_png(c.output.empty() ? first : c.output) || fs::is_directory(first, ec))
+    s.fail("output", str_cat("must name a .png file (fluxmpi writes PNG images), got '", c.output, "'"));
+  // An output directory that depends on {i} is checked per image by build_job().
+  if (parent_directory(c.output).find("{i}") == std::string::npos) require_writable_parent(first, "--output");
+
+  c.resume = s.text("resume");
+  if (s.has("resume")) {
+    if (c.resume.empty()) s.fail("resume", "must name a checkpoint file, got ''");
+    if (!fs::exists(c.resume, ec)) s.fail("resume", str_cat("'", c.resume, "': not found"));
+    if (fs::is_directory(c.resume, ec)) s.fail("resume", str_cat("'", c.resume, "': is a directory, not a checkpoint file"));
+    if (::access(c.resume.c_str(), R_OK | W_OK) != 0)
+      s.fail("resume", str_cat("'", c.resume, "': cannot be read and written (a resumed run writes on into it)"));
+  }
+  c.checkpoint = s.text("checkpoint");
+  if (s.has("checkpoint")) {
+    if (c.checkpoint.empty()) s.fail("checkpoint", "must name a file, got ''");
+    if (!c.resume.empty()) {
+      if (!same_file(c.checkpoint, c.resume))
+        s.fail("checkpoint", str_cat("'", c.checkpoint, "' and --resume '", c.resume,
+                                     "' name different files: a resumed run writes on into the --resume file"));
+    } else {
+      if (fs::exists(c.checkpoint, ec))
+        s.fail("checkpoint", str_cat("'", c.checkpoint, "' already exists; continue it with --resume or remove it"));
+      require_writable_parent(c.checkpoint, "--checkpoint");
+    }
+  }
+}
+
+}  // namespace fluxmpi::app::options
