@@ -6,10 +6,12 @@
 
 #include <ATen/ATen.h>
 
-#include "app/run_plan.h"
+#include "pipeline/run_plan.h"
 #include "parallel/communicator.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunPlan;
 
 /// Whether `rank` helps the leader decode (a decode rank other than the first).
 bool helps_decode(const RunPlan& plan, int rank);

@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "app/flux2_stages.h"
+#include "pipeline/flux2/stages.h"
 #include "app/root_run.h"
 #include "core/log.h"
 #include "models/vae/image_processor.h"
@@ -19,7 +19,7 @@ bool decode_images(const io::ModelDir& dir, const RunPlan& plan, const parallel:
                    const std::function<void(int64_t, const io::RgbImage&)>& done, const std::function<void()>& between) {
   const bool flux2 = plan.family == "flux2";
   std::optional<vae::VaeDecoder> decoder;
-  std::optional<Flux2Decoder> flux2_decoder;
+  std::optional<pipeline::Flux2Decoder> flux2_decoder;
   vae::DecodeOptions options;
   options.tiling = plan.vae_tiling;
   options.slicing = plan.vae_slicing;

@@ -11,12 +11,14 @@
 #include <functional>
 #include <vector>
 
-#include "app/run_plan.h"
+#include "pipeline/run_plan.h"
 #include "io/model_dir.h"
 #include "io/png.h"
 #include "parallel/communicator.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunPlan;
 
 /// Decodes `images` (job indices, in the order given) from `latents_of(i)` ([1, L, 4C] packed),
 /// `plan.microbatch` at a time, and hands each picture to `done`; `between` runs after each batch

@@ -1,28 +1,14 @@
 #pragma once
-/// Model-dependent defaults of a run (DESIGN.md §7), deliberately friendlier than diffusers',
-/// which are the same for every model.
-
-#include "app/run_config.h"
-#include "io/model_dir.h"
+/// What `--dtype auto` means on this machine. (The model-dependent defaults are the families':
+/// pipeline/flux1/defaults.h, pipeline/flux2/.)
 
 #include <string>
 
+#include "pipeline/run_config.h"
+
 namespace fluxmpi::app {
 
-/// Image size when --height/--width are omitted.
-inline constexpr int64_t kDefaultImageSize = 1024;
-
-/// Fills every option left unset from the model's configs:
-///   schnell (no guidance embedding): 4 steps, max_sequence_length 256, guidance 0 (a given
-///     --guidance is accepted and ignored, with a note, as diffusers ignores guidance_scale);
-///   dev: 28 steps, guidance 3.5, max_sequence_length 512;
-///   both: 1024 x 1024.
-/// Then floors height and width to multiples of 2 * vae_scale_factor as diffusers does, with a
-/// warning stating the new size; a size that floors to 0 is a UsageError. Reads the transformer
-/// and VAE configs (ConfigError when they are bad).
-void resolve_defaults(RunConfig& config, const io::ModelDir& model);
-
-// --- --dtype auto -------------------------------------------------------------------------------
+using pipeline::RunConfig;
 
 /// Whether the CPU executes bf16 natively, and where that was read.
 struct CpuBf16 {

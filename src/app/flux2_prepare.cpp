@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "app/defaults.h"
-#include "app/flux2_checks.h"
+#include "pipeline/flux2/checks.h"
 #include "app/predict.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -12,6 +12,13 @@
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::app {
+
+using pipeline::check_flux2_weights;
+using pipeline::check_text_encoder_layers;
+using pipeline::Flux2Shapes;
+using pipeline::ImageSources;
+using pipeline::kDefaultImageSize;
+using pipeline::read_flux2_shapes;
 
 Flux2Defaults flux2_defaults(io::Flux2Kind kind) {
   // klein is step-distilled (4 steps, guidance unused); klein base and dev run 50 steps at

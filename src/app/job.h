@@ -10,25 +10,17 @@
 #include <string_view>
 #include <vector>
 
-#include "app/run_config.h"
+#include "pipeline/image_job.h"
+#include "pipeline/run_config.h"
 
 namespace fluxmpi::app {
 
 /// Image indices are zero-padded to 5 digits in file and HDF5 group names; a job stays within them.
 inline constexpr int64_t kMaxImages = 100000;
 
-struct ImageJob {
-  int64_t index = 0;            ///< 0-based position in the job
-  std::string prompt;           ///< CLIP prompt
-  std::string prompt_2;         ///< T5 prompt (= prompt when --prompt-2 is not given)
-  std::string negative_prompt;  ///< used only when RunConfig::true_cfg_enabled()
-  int64_t seed = 0;             ///< S + index
-  std::string output_path;      ///< PNG file of this image
-  /// Image inputs (absolute paths; empty: none): a JSON Lines entry's, else the command line's.
-  std::string image, mask, control_image;
-  std::optional<double> strength;  ///< a JSON Lines entry's --strength, when it gives one
-  int64_t line = 0;                ///< the prompts file's line (JSON Lines), 0 otherwise
-};
+using pipeline::ImageJob;
+using pipeline::PromptInputs;
+using pipeline::RunConfig;
 
 /// One ImageJob per image. Needs a resolved seed and at least one prompt (InternalError
 /// otherwise: parse_options and the resume path guarantee both). Throws UsageError when the

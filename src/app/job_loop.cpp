@@ -7,7 +7,7 @@
 
 #include "app/decode_helper.h"
 #include "app/decode_stage.h"
-#include "app/image_inputs.h"
+#include "pipeline/flux1/image_inputs.h"
 #include "app/leader_channel.h"
 #include "app/leader_job.h"
 #include "ckpt/checkpoint_writer.h"
@@ -20,6 +20,8 @@
 #include "pipeline/progress.h"
 
 namespace fluxmpi::app {
+
+using pipeline::describe_inputs;
 namespace {
 
 // "denoised in 9.87 s, 1.23 s (12.5 %) blocked on messages": the pipeline's bubbles as one rank

@@ -10,13 +10,15 @@
 #include <memory>
 
 #include "app/root_run.h"
-#include "app/run_plan.h"
+#include "pipeline/run_plan.h"
 #include "models/flux/stage_model.h"
 #include "parallel/mpi_env.h"
 #include "parallel/partition.h"
 #include "pipeline/fault.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunPlan;
 
 /// `root`: world rank 0's state (null elsewhere). `part`: this rank's slice of the transformer for
 /// its stage of `stages` (the S-rank plan); a leader releases it before it decodes. `start`: when

@@ -17,12 +17,14 @@
 #include <map>
 #include <vector>
 
-#include "app/run_plan.h"
+#include "pipeline/run_plan.h"
 #include "io/png.h"
 #include "parallel/message.h"
 #include "pipeline/denoise.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunPlan;
 
 /// Messages a leader may have in flight to rank 0.
 inline constexpr size_t kRowsInFlight = 8;

@@ -1,11 +1,16 @@
 #include "app/leader_job.h"
 
-#include "app/flux2_stages.h"
+#include "pipeline/flux2/stages.h"
 #include "core/error.h"
 #include "parallel/tensor_broadcast.h"
 #include "pipeline/noise.h"
 
 namespace fluxmpi::app {
+
+using pipeline::flux2_initial_latents;
+using pipeline::flux2_run_schedule;
+using pipeline::stored_conditioning;
+using pipeline::write_conditioning;
 namespace {
 
 ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pipeline::PromptEmbedding* neg) {

@@ -10,13 +10,15 @@
 #include <vector>
 
 #include "app/root_run.h"
-#include "app/run_plan.h"
+#include "pipeline/run_plan.h"
 #include "ckpt/checkpoint_writer.h"
 #include "parallel/communicator.h"
 #include "pipeline/denoise.h"
 #include "pipeline/image_conditioning.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunPlan;
 
 struct LeaderJob {
   /// The schedule, guidance and true-CFG scale, and one GroupInputs per work group of the plan;

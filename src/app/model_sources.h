@@ -4,10 +4,12 @@
 
 #include <string>
 
-#include "app/run_config.h"
+#include "pipeline/run_config.h"
 #include "io/model_dir.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunConfig;
 
 /// The folder with the shipped configs and tokenizers (FLUX.1-dev/, FLUX.1-schnell/): next to the
 /// executable in an installed tree (<prefix>/bin/fluxmpi -> <prefix>/share/fluxmpi/models), else

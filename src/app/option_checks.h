@@ -6,7 +6,7 @@
 #include <string>
 
 #include "app/option_settings.h"
-#include "app/run_config.h"
+#include "pipeline/run_config.h"
 
 namespace fluxmpi::app::options {
 

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "app/run_config.h"
+#include "pipeline/run_config.h"
 
 namespace fluxmpi::app {
+
+using pipeline::RunConfig;
 
 struct ParseResult {
   enum class Action { Run, Help, Version };

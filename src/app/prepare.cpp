@@ -1,6 +1,8 @@
 #include "app/prepare.h"
 
 #include "app/defaults.h"
+#include "pipeline/flux1/defaults.h"
+#include "pipeline/flux1/image_inputs.h"
 #include "app/flux2_prepare.h"
 #include "app/model_sources.h"
 #include "app/options.h"
@@ -20,11 +22,15 @@
 
 namespace fluxmpi::app {
 
-bool PreparedRun::any_encoding() const {
-  for (const auto& p : progress)
-    if (!p.decoded && p.needs_encoding) return true;
-  return false;
-}
+using pipeline::check_job_inputs;
+using pipeline::check_loras;
+using pipeline::check_unchanged_inputs;
+using pipeline::describe_inputs;
+using pipeline::fill_inputs_from_checkpoint;
+using pipeline::lora_table;
+using pipeline::resolve_defaults;
+using pipeline::resolve_image_mode;
+using pipeline::set_input_attributes;
 
 bool keep_row(int64_t step, int64_t steps, int64_t every) { return (step + 1) % every == 0 || step == steps - 1; }
 

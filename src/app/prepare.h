@@ -7,11 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "app/image_inputs.h"
 #include "app/job.h"
-#include "app/loras.h"
-#include "app/run_config.h"
-#include "app/run_plan.h"
+#include "pipeline/prepared_run.h"
 #include "ckpt/checkpoint_reader.h"
 #include "ckpt/format.h"
 #include "parallel/partition.h"
@@ -20,33 +17,10 @@
 
 namespace fluxmpi::app {
 
-/// Where one image of the job stands.
-struct ImageProgress {
-  bool decoded = false;         ///< nothing left to do
-  bool needs_encoding = true;   ///< text embeddings must be computed (not in the checkpoint)
-  int64_t start_step = 0;       ///< first step to run; == steps: only decoding is left
-};
-
-struct PreparedRun {
-  RunConfig config;
-  std::optional<io::ModelDir> model;
-  std::vector<ImageJob> images;
-  std::vector<ckpt::ImageAttributes> attributes;
-  ckpt::FileAttributes file;
-  flux::LatentGeometry geometry;
-  std::vector<ImageProgress> progress;
-  bool resumed = false;
-  RunPlan plan;
-  std::optional<parallel::StagePlan> stages;
-  LoraCheck loras;  ///< the --lora files, checked against the model
-  JobInputs inputs;  ///< the mode and the decoded input images (every image of the job)
-  /// --dry-run with --stages: the pipelines, their ranks and hosts (printed above the plan).
-  std::string pipelines_text;
-  /// The job's ranks P; `stages` and `plan` are one pipeline's S ranks (--stages; S = P without).
-  int world_size = 1;
-
-  bool any_encoding() const;
-};
+using pipeline::ImageProgress;
+using pipeline::JobInputs;
+using pipeline::PreparedRun;
+using pipeline::RunPlan;
 
 /// What rank 0 found: a run to do, or text to print and an exit code (help, version, dry run).
 struct Preparation {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "app/image_stage.h"
+#include "pipeline/flux1/image_stage.h"
 #include "app/prepare.h"
 #include "core/units.h"
 #include "pipeline/text_stage.h"
@@ -46,7 +46,7 @@ struct RootRun {
   std::vector<pipeline::PromptEmbedding> text;      // per image (fresh ones)
   std::vector<pipeline::PromptEmbedding> negative;  // per image, true CFG
   std::optional<pipeline::TextEncoders> kept_encoders;
-  std::vector<EncodedImage> conditioning;  // per image, from the input images
+  std::vector<pipeline::EncodedImage> conditioning;  // per image, from the input images
   std::vector<StageTime> times;
 };
 

@@ -4,8 +4,8 @@
 #include <map>
 #include <memory>
 
-#include "app/flux2_stages.h"
-#include "app/image_stage.h"
+#include "pipeline/flux2/stages.h"
+#include "pipeline/flux1/image_stage.h"
 #include "app/job_loop.h"
 #include "app/prepare.h"
 #include "app/root_run.h"
@@ -20,6 +20,16 @@
 #include "pipeline/text_stage.h"
 
 namespace fluxmpi::app {
+
+using pipeline::encode_image_inputs;
+using pipeline::Flux2SplitTextStage;
+using pipeline::Flux2TextStage;
+using pipeline::LoraCheck;
+using pipeline::LoraFiles;
+using pipeline::load_flux2_stage;
+using pipeline::open_lora_files;
+using pipeline::run_plan_from_json;
+using pipeline::to_json;
 namespace {
 
 // FLUX.2's stage 1: one decoder-only encoder; klein base's true CFG encodes the empty prompt.

@@ -15,12 +15,14 @@
 #include "app/job.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "pipeline/flux1/defaults.h"
 #include "support/fixtures.h"
 
 namespace fluxmpi::app {
 namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using pipeline::resolve_defaults;
 
 // A pipeline folder with just the configs resolve_defaults reads.
 class Defaults : public ::testing::Test {

@@ -22,7 +22,7 @@
 #include "pipeline/text_stage.h"
 #include "sched/flow_match_euler.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 /// Rank 0's text stage: Flux2Tokenizer + TextDecoder of the layers `layers` needs.
 class Flux2TextStage {
@@ -88,4 +88,4 @@ class Flux2Decoder {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

@@ -1,4 +1,4 @@
-#include "app/flux2_stages.h"
+#include "pipeline/flux2/stages.h"
 
 #include <c10/core/InferenceMode.h>
 
@@ -17,7 +17,7 @@
 #include "sched/flux2_schedule.h"
 #include "text/flux2_prompts.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 namespace {
 
@@ -166,4 +166,4 @@ std::vector<io::RgbImage> Flux2Decoder::decode(const at::Tensor& packed, const f
   return impl_->vae.decode_images(packed, flux2::latent_ids(geometry).to(packed.device()), options);
 }
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

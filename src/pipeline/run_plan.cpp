@@ -1,4 +1,4 @@
-#include "app/run_plan.h"
+#include "pipeline/run_plan.h"
 
 #include <iterator>
 
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 std::string to_json(const RunPlan& p) {
   nlohmann::json j;
@@ -93,4 +93,4 @@ RunPlan run_plan_from_json(const std::string& text) {
   }
 }
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

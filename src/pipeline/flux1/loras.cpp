@@ -1,11 +1,11 @@
-#include "app/loras.h"
+#include "pipeline/flux1/loras.h"
 
 #include <sstream>
 
 #include "core/log.h"
 #include "models/flux/lora_targets.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 LoraFiles open_lora_files(const std::vector<io::LoraSpec>& loras) {
   LoraFiles files;
@@ -62,4 +62,4 @@ std::string lora_table(const LoraCheck& check, const parallel::StagePlan& stages
   return os.str();
 }
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

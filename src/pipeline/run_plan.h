@@ -13,7 +13,7 @@
 #include "parallel/partition.h"
 #include "pipeline/denoise.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 struct RunPlan {
   std::string model;
@@ -57,4 +57,4 @@ struct RunPlan {
 std::string to_json(const RunPlan& plan);
 RunPlan run_plan_from_json(const std::string& text);
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

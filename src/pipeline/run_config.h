@@ -1,14 +1,15 @@
 #pragma once
-/// The validated options of one `fluxmpi` run (DESIGN.md §7), filled by parse_options() from the
-/// command line and an optional INI file. A plain value: no Boost types, nothing lazily read.
+/// The validated options of one `fluxmpi` run (DESIGN.md §7), filled by app::parse_options() from
+/// the command line and an optional INI file. A plain value: no Boost types, nothing lazily read.
+/// It lives below the app so that the model families (pipeline/family.h) read it too.
 ///
 /// The caller resolves it in this order, all before any heavy work:
-///   1. parse_options()                      (options.h: syntax, ranges, files and paths)
+///   1. parse_options()                      (app/options.h: syntax, ranges, files and paths)
 ///   2. with --resume: fill what was omitted from the checkpoint (prompts, seed, sizes, ...);
 ///      what was given (see `given`) must match the checkpoint, which the checkpoint layer checks
-///   3. resolve_seed()                       (job.h: draws a seed when none was given)
-///   4. resolve_defaults(config, model_dir)  (defaults.h: model-dependent defaults, size flooring)
-///   5. build_job()                          (job.h: one ImageJob per image)
+///   3. resolve_seed()                       (app/job.h: draws a seed when none was given)
+///   4. the model family's defaults          (e.g. pipeline/flux1/defaults.h: size flooring)
+///   5. build_job()                          (app/job.h: one ImageJob per image)
 
 #include <cstdint>
 #include <optional>
@@ -19,7 +20,10 @@
 #include "core/log.h"
 #include "io/lora_file.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
+
+/// Image size when --height/--width are omitted.
+inline constexpr int64_t kDefaultImageSize = 1024;
 
 /// The image inputs of one line of a JSON Lines prompts file (docs/cli.md, "JSON Lines"): absolute
 /// paths, empty where the line names none (the command line's then apply).
@@ -107,4 +111,4 @@ struct RunConfig {
   const std::string& checkpoint_file() const { return resume.empty() ? checkpoint : resume; }
 };
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

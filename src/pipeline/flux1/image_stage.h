@@ -7,12 +7,12 @@
 
 #include <vector>
 
-#include "app/prepare.h"
+#include "pipeline/prepared_run.h"
 #include "ckpt/checkpoint_reader.h"
 #include "ckpt/checkpoint_writer.h"
 #include "pipeline/image_conditioning.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 /// What the image stage made of one image: its conditioning and, when the run writes a checkpoint,
 /// the input pixels it stores (inputs/*).
@@ -35,4 +35,4 @@ void write_conditioning(ckpt::CheckpointWriter& writer, int64_t image, pipeline:
 pipeline::Conditioning stored_conditioning(const ckpt::CheckpointReader& checkpoint, int64_t image,
                                            pipeline::PipelineMode mode, at::ScalarType dtype);
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

@@ -1,4 +1,4 @@
-#include "app/flux2_checks.h"
+#include "pipeline/flux2/checks.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 #include "text/flux2_prompts.h"
 #include "parallel/partition.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 namespace {
 
 int64_t elements(const std::vector<int64_t>& shape) {
@@ -96,4 +96,4 @@ void check_flux2_weights(const io::ModelDir& dir, const Flux2Shapes& s, const st
   }
 }
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

@@ -1,24 +1,15 @@
-#include "app/image_inputs.h"
+#include "pipeline/flux1/image_inputs.h"
 
 #include <ATen/ATen.h>
 
-#include <cstring>
 #include <map>
 
 #include "core/error.h"
 #include "core/log.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 using pipeline::PipelineMode;
-
-bool JobInputs::encodes() const {
-  switch (mode) {
-    case PipelineMode::Text2Img: return false;
-    case PipelineMode::Kontext: return condition.height > 0;
-    default: return true;
-  }
-}
 
 void fill_inputs_from_checkpoint(RunConfig& c, const ckpt::ImageAttributes& a, int64_t unit) {
   if (!c.was_given("image")) c.image = a.image.path;
@@ -39,18 +30,6 @@ void fill_inputs_from_checkpoint(RunConfig& c, const ckpt::ImageAttributes& a, i
 
 namespace {
 
-// Decodes `path` for `option` ("--image", or a prompts file line): UsageError for a missing file,
-// ImageError for a bad one, both naming where the path came from.
-io::Image8 decode(const std::string& path, const std::string& where) {
-  try {
-    return io::read_image(path);
-  } catch (const UsageError& e) {
-    throw UsageError(str_cat(where, " ", e.what()));
-  } catch (const ImageError& e) {
-    throw ImageError(str_cat(where, " ", e.what()));
-  }
-}
-
 ckpt::ImageAttributes::Input input_of(const std::string& path, const io::Image8& image) {
   return {path, image.height, image.width};
 }
@@ -61,7 +40,7 @@ class SizeCache {
   ckpt::ImageAttributes::Input get(const std::string& path, const std::string& where) {
     if (path.empty()) return {};
     auto it = sizes_.find(path);
-    if (it == sizes_.end()) it = sizes_.emplace(path, input_of(path, decode(path, where))).first;
+    if (it == sizes_.end()) it = sizes_.emplace(path, input_of(path, decode_input(path, where))).first;
     return it->second;
   }
 
@@ -119,9 +98,9 @@ JobInputs resolve_image_mode(RunConfig& c, const io::ModelDir& dir) {
   const int64_t unit = 2 * dir.vae_config().scale_factor();
   ImageSources first;
   first.where = first_where(c, "--image");
-  if (!image.empty()) first.image = input_of(image, decode(image, first_where(c, "--image")));
-  if (!mask.empty()) first.mask = input_of(mask, decode(mask, first_where(c, "--mask")));
-  if (!control.empty()) first.control = input_of(control, decode(control, first_where(c, "--control-image")));
+  if (!image.empty()) first.image = input_of(image, decode_input(image, first_where(c, "--image")));
+  if (!mask.empty()) first.mask = input_of(mask, decode_input(mask, first_where(c, "--mask")));
+  if (!control.empty()) first.control = input_of(control, decode_input(control, first_where(c, "--control-image")));
   first.strength = pipeline::uses_strength(in.mode)
                        ? (!c.prompt_inputs.empty() && c.prompt_inputs.front().strength ? *c.prompt_inputs.front().strength
                                                                                          : c.strength.value_or(default_strength(in.mode)))
@@ -217,45 +196,6 @@ void set_input_attributes(ckpt::ImageAttributes& a, const JobInputs& in, size_t 
   a.condition_width = s.image.path.empty() ? 0 : in.condition.width;
 }
 
-io::Image8 stored_mask(const io::Image8& mask) { return io::to_grey(mask); }
-
-void check_unchanged_inputs(const ckpt::CheckpointReader& r, const JobInputs& in) {
-  std::map<std::string, io::Image8> decoded;
-  auto pixels = [&](const std::string& path, bool grey) -> const io::Image8& {
-    const std::string key = (grey ? "L:" : "RGB:") + path;
-    auto it = decoded.find(key);
-    if (it == decoded.end()) {
-      io::Image8 image = decode(path, "input");
-      it = decoded.emplace(key, grey ? stored_mask(image) : std::move(image)).first;
-    }
-    return it->second;
-  };
-  for (int64_t i = 0; i < r.num_images() && i < static_cast<int64_t>(in.images.size()); ++i) {
-    const ckpt::ImageShape& shape = r.shape(i);
-    const ImageSources& s = in.images[static_cast<size_t>(i)];
-    const struct {
-      const char* what;
-      const char* dataset;
-      const std::string& path;
-      bool stored, grey;
-    } inputs[] = {{"image", "inputs/image", s.image.path, shape.image_h > 0, false},
-                  {"mask", "inputs/mask", s.mask.path, shape.mask_h > 0, true},
-                  {"control image", "inputs/control_image", s.control.path, shape.control_h > 0, false}};
-    for (const auto& input : inputs) {
-      // An input given to one side only is a difference check_matches names.
-      if (!input.stored || input.path.empty()) continue;
-      const io::Image8& now = pixels(input.path, input.grey);
-      at::Tensor t = r.dataset(i, input.dataset).contiguous();
-      const bool same = static_cast<size_t>(t.numel()) == now.pixels.size() &&
-                        std::memcmp(t.data_ptr<uint8_t>(), now.pixels.data(), now.pixels.size()) == 0;
-      if (!same)
-        throw CheckpointError(str_cat(r.path(), ": input ", input.what, " '", input.path,
-                                      "' has changed since the checkpoint was written (its pixels differ from ",
-                                      ckpt::image_object(i, input.dataset), "); resume with the file it was made from"));
-    }
-  }
-}
-
 std::string describe_inputs(const JobInputs& in, int64_t steps) {
   std::string s = str_cat("mode: ", pipeline::mode_name(in.mode), " (", pipeline::kind_name(in.kind), " model)");
   if (in.images.empty()) return s + "\n";
@@ -272,4 +212,4 @@ std::string describe_inputs(const JobInputs& in, int64_t steps) {
   return s + "\n";
 }
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

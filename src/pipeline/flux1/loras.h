@@ -12,7 +12,7 @@
 #include "models/common/lora.h"
 #include "parallel/partition.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 using LoraFiles = std::vector<std::shared_ptr<const io::LoraFile>>;
 
@@ -35,4 +35,4 @@ LoraCheck check_loras(const std::vector<io::LoraSpec>& loras, const io::ModelDir
 /// --dry-run: per LoRA its layout, scale, pairs, and the weights it changes on each rank.
 std::string lora_table(const LoraCheck& check, const parallel::StagePlan& stages);
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

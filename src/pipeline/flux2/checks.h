@@ -8,7 +8,7 @@
 #include "io/flux2_configs.h"
 #include "io/model_dir.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 struct Flux2Shapes {
   io::Flux2TransformerConfig transformer;
@@ -30,4 +30,4 @@ void check_text_encoder_layers(const std::vector<int64_t>& layers, const io::Mod
 void check_flux2_weights(const io::ModelDir& dir, const Flux2Shapes& shapes, const std::vector<int64_t>& layers, bool encodes,
                          bool dry_run);
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline

@@ -1,4 +1,4 @@
-#include "app/image_stage.h"
+#include "pipeline/flux1/image_stage.h"
 
 #include <chrono>
 #include <map>
@@ -9,7 +9,7 @@
 #include "models/vae/vae_encoder.h"
 #include "pipeline/kontext.h"
 
-namespace fluxmpi::app {
+namespace fluxmpi::pipeline {
 
 using pipeline::PipelineMode;
 
@@ -113,4 +113,4 @@ pipeline::Conditioning stored_conditioning(const ckpt::CheckpointReader& r, int6
   return c;
 }
 
-}  // namespace fluxmpi::app
+}  // namespace fluxmpi::pipeline
