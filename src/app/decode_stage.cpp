@@ -2,13 +2,13 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <memory>
 #include <optional>
 
-#include "pipeline/flux2/stages.h"
 #include "app/root_run.h"
 #include "core/log.h"
-#include "models/vae/image_processor.h"
 #include "models/vae/vae_decoder.h"
+#include "pipeline/family.h"
 #include "pipeline/tile_decode.h"
 
 namespace fluxmpi::app {
@@ -17,9 +17,8 @@ bool decode_images(const io::ModelDir& dir, const RunPlan& plan, const parallel:
                    at::ScalarType dtype, at::Device device, const std::vector<int64_t>& images,
                    const std::function<at::Tensor(int64_t)>& latents_of,
                    const std::function<void(int64_t, const io::RgbImage&)>& done, const std::function<void()>& between) {
-  const bool flux2 = plan.family == "flux2";
-  std::optional<vae::VaeDecoder> decoder;
-  std::optional<pipeline::Flux2Decoder> flux2_decoder;
+  const pipeline::Family& family = pipeline::family_named(plan.family);
+  std::unique_ptr<pipeline::ImageDecoder> decoder;  // loaded with the first batch
   vae::DecodeOptions options;
   options.tiling = plan.vae_tiling;
   options.slicing = plan.vae_slicing;
@@ -36,14 +35,8 @@ bool decode_images(const io::ModelDir& dir, const RunPlan& plan, const parallel:
       c10::InferenceMode guard;
       std::vector<at::Tensor> packed;
       for (int64_t i : batch) packed.push_back(latents_of(i).to(device));
-      std::vector<io::RgbImage> pictures;
-      if (flux2) {
-        if (!flux2_decoder) flux2_decoder.emplace(dir, dtype, device);
-        pictures = flux2_decoder->decode(at::cat(packed, 0), plan.geometry, options);
-      } else {
-        if (!decoder) decoder.emplace(vae::load_vae_decoder(dir, dtype, device));
-        pictures = vae::decode_images(*decoder, at::cat(packed, 0), plan.geometry, dir.vae_config(), options);
-      }
+      if (!decoder) decoder = family.decoder(dir, dtype, device);
+      const std::vector<io::RgbImage> pictures = decoder->decode(at::cat(packed, 0), plan.geometry, options);
       for (size_t k = 0; k < batch.size(); ++k) done(batch[k], pictures[k]);
     }
     batch.clear();

@@ -7,7 +7,6 @@
 
 #include "app/decode_helper.h"
 #include "app/decode_stage.h"
-#include "pipeline/flux1/image_inputs.h"
 #include "app/leader_channel.h"
 #include "app/leader_job.h"
 #include "ckpt/checkpoint_writer.h"
@@ -16,12 +15,11 @@
 #include "parallel/message.h"
 #include "parallel/pipelines.h"
 #include "parallel/work_counter.h"
+#include "pipeline/family.h"
 #include "pipeline/image_mode.h"
 #include "pipeline/progress.h"
 
 namespace fluxmpi::app {
-
-using pipeline::describe_inputs;
 namespace {
 
 // "denoised in 9.87 s, 1.23 s (12.5 %) blocked on messages": the pipeline's bubbles as one rank
@@ -95,7 +93,7 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
       {"dtype", a.dtype},
       {"software", str_cat("fluxmpi ", kVersion)},
   };
-  if (a.family == "flux1") t.insert(t.begin() + 1, {"prompt_2", a.prompt_2});
+  if (run.family->second_prompt()) t.insert(t.begin() + 1, {"prompt_2", a.prompt_2});
   if (!a.loras.empty()) t.push_back({"loras", io::loras_to_json(a.loras)});
   if (a.pipeline != "text2img") {
     t.push_back({"pipeline", a.pipeline});
@@ -179,11 +177,7 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
     if (run.resumed) writer.emplace(ckpt::CheckpointWriter::resume(ckpt_path, run.file, run.attributes));
     else if (!ckpt_path.empty()) writer.emplace(ckpt::CheckpointWriter::create(ckpt_path, run.file, run.attributes));
     job = make_leader_job(*root, plan, writer ? &*writer : nullptr, device);
-    if (run.inputs.mode != pipeline::PipelineMode::Text2Img) {
-      std::string d = describe_inputs(run.inputs, *run.config.steps);
-      d.pop_back();  // its newline
-      log::info(d);
-    }
+    if (const std::string inputs = run.family_root->inputs_text(run); !inputs.empty()) log::info(inputs);
   }
   share_leader_job(job, comms.leaders, device);
   job.install_blend();

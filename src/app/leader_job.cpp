@@ -1,43 +1,13 @@
 #include "app/leader_job.h"
 
-#include "pipeline/flux2/stages.h"
 #include "core/error.h"
 #include "parallel/tensor_broadcast.h"
-#include "pipeline/noise.h"
+#include "pipeline/family.h"
 
 namespace fluxmpi::app {
-
-using pipeline::flux2_initial_latents;
-using pipeline::flux2_run_schedule;
-using pipeline::stored_conditioning;
-using pipeline::write_conditioning;
 namespace {
 
-ckpt::TextEmbeddings to_checkpoint(const pipeline::PromptEmbedding& e, const pipeline::PromptEmbedding* neg) {
-  ckpt::TextEmbeddings t;
-  t.prompt_embeds = e.prompt_embeds;
-  if (e.input_ids.defined()) {  // FLUX.2
-    t.input_ids = e.input_ids;
-    t.attention_mask = e.attention_mask;
-    if (neg != nullptr) {
-      t.negative_prompt_embeds = neg->prompt_embeds;
-      t.negative_input_ids = neg->input_ids;
-      t.negative_attention_mask = neg->attention_mask;
-    }
-    return t;
-  }
-  t.pooled_prompt_embeds = e.pooled;
-  t.clip_input_ids = e.clip_ids;
-  t.t5_input_ids = e.t5_ids;
-  if (neg != nullptr) {
-    t.negative_prompt_embeds = neg->prompt_embeds;
-    t.negative_pooled_prompt_embeds = neg->pooled;
-  }
-  return t;
-}
-
-// The tensors of one group's inputs, in a fixed order (share_leader_job).
-constexpr int kGroupTensors = 7;
+// The tensors of one group's inpaint blend (share_leader_job).
 constexpr int kBlendTensors = 3;
 
 }  // namespace
@@ -61,60 +31,57 @@ LeaderJob make_leader_job(RootRun& root, const RunPlan& plan, ckpt::CheckpointWr
   // The full schedule of --steps (its shift from the whole image): an image with a strength
   // starts at its t_start; its checkpoint holds the cut schedule and the rows from there.
   const JobInputs& inputs = run.inputs;
-  const bool flux2 = plan.family == "flux2";
-  const sched::Schedule schedule = flux2 ? flux2_run_schedule(*run.model, *c.steps, run.geometry.tokens())
-                                         : sched::flux_schedule(run.model->scheduler_config(), *c.steps, run.geometry.tokens());
+  const pipeline::Family& family = *run.family;
+  const pipeline::FamilyRoot& family_root = *run.family_root;
+  const sched::Schedule schedule = family.schedule(*run.model, *c.steps, run.geometry.tokens());
   const size_t n = run.images.size();
   std::vector<at::Tensor> latents(n), text(n), pooled(n), neg_text(n), neg_pooled(n);
   std::vector<pipeline::Conditioning> cond(n);  // features and inpaint tensors per image
+  const pipeline::PromptEmbeddings& prompts = root.prompts;
   for (size_t i = 0; i < n; ++i) {
     const ImageProgress& p = run.progress[i];
     if (p.decoded) continue;
     if (p.needs_encoding) {
       if (!root.conditioning.empty()) cond[i] = root.conditioning[i].conditioning;
-      if (flux2) latents[i] = flux2_initial_latents(run.images[i].seed, run.geometry, dtype);
-      else latents[i] = cond[i].initial.defined() ? cond[i].initial
-                                                  : pipeline::initial_latents(run.images[i].seed, run.geometry, dtype);
-      text[i] = root.text[i].prompt_embeds;
-      pooled[i] = root.text[i].pooled;
+      latents[i] = cond[i].initial.defined() ? cond[i].initial
+                                             : family.initial_latents(run.images[i].seed, run.geometry, dtype);
+      text[i] = prompts.text[i].prompt_embeds;
+      pooled[i] = prompts.text[i].pooled;
       if (plan.passes == 2) {
-        neg_text[i] = root.negative[i].prompt_embeds;
-        neg_pooled[i] = root.negative[i].pooled;
+        neg_text[i] = prompts.negative[i].prompt_embeds;
+        neg_pooled[i] = prompts.negative[i].pooled;
       }
       if (writer != nullptr) {
-        writer->write_text(static_cast<int64_t>(i), to_checkpoint(root.text[i], plan.passes == 2 ? &root.negative[i] : nullptr));
+        writer->write_text(static_cast<int64_t>(i),
+                           family_root.text_to_checkpoint(prompts.text[i], plan.passes == 2 ? &prompts.negative[i] : nullptr));
         const sched::Schedule cut = pipeline::cut_schedule(schedule, inputs.images[i].t_start);
         writer->write_schedule(static_cast<int64_t>(i), at::tensor(cut.timesteps), at::tensor(cut.sigmas));
         writer->write_initial(static_cast<int64_t>(i), latents[i][0]);
-        if (!root.conditioning.empty()) write_conditioning(*writer, static_cast<int64_t>(i), inputs.mode, root.conditioning[i]);
+        if (!root.conditioning.empty())
+          family_root.write_conditioning(*writer, static_cast<int64_t>(i), run, root.conditioning[i]);
         writer->set_status(static_cast<int64_t>(i), ckpt::ImageStatus::Denoising);
       }
     } else {
       const ckpt::CheckpointReader& r = writer->contents();
-      ckpt::TextEmbeddings stored = r.text(static_cast<int64_t>(i));
+      const ckpt::TextEmbeddings stored = r.text(static_cast<int64_t>(i));
       latents[i] = r.latest_latents(static_cast<int64_t>(i)).to(dtype).unsqueeze(0);
-      cond[i] = stored_conditioning(r, static_cast<int64_t>(i), inputs.mode, dtype);
-      text[i] = stored.prompt_embeds.to(dtype);
-      if (!flux2) pooled[i] = stored.pooled_prompt_embeds.to(dtype);  // FLUX.2 has no pooled input
+      cond[i] = family_root.stored_conditioning(r, static_cast<int64_t>(i), run, dtype);
+      const pipeline::PromptEmbedding e = family_root.text_from_checkpoint(stored, false, dtype);
+      text[i] = e.prompt_embeds;
+      pooled[i] = e.pooled;
       if (plan.passes == 2) {
-        neg_text[i] = stored.negative_prompt_embeds.to(dtype);
-        if (!flux2) neg_pooled[i] = stored.negative_pooled_prompt_embeds.to(dtype);
+        const pipeline::PromptEmbedding neg = family_root.text_from_checkpoint(stored, true, dtype);
+        neg_text[i] = neg.prompt_embeds;
+        neg_pooled[i] = neg.pooled;
       }
     }
   }
-  root.text.clear();
-  root.negative.clear();
+  root.prompts = {};
   root.conditioning.clear();
 
   pipeline::RootState& state = job.state;
   state.schedule = schedule;
-  if (flux2) {
-    state.guidance = plan.guidance;  // dev's guidance embedder; klein: none
-    state.true_cfg_scale = *c.guidance;  // klein base: uncond + g (cond - uncond), as FLUX.1's true CFG
-  } else {
-    if (run.model->transformer_config().guidance_embeds) state.guidance = *c.guidance;
-    state.true_cfg_scale = c.true_cfg;
-  }
+  family_root.sampling(run, plan, state);
   job.inpaint = inputs.mode == pipeline::PipelineMode::Inpaint;
   for (const auto& g : plan.groups) {
     auto gather = [&](const std::vector<at::Tensor>& per_image, bool batch_dim) {
@@ -173,8 +140,7 @@ void share_leader_job(LeaderJob& job, const parallel::Communicator& leaders, at:
     t.push_back(at::tensor(s.schedule.sigmas));
     t.push_back(at::tensor(job.t_start, at::kLong));
     for (size_t gi = 0; gi < s.groups.size(); ++gi) {
-      const pipeline::GroupInputs& g = s.groups[gi];
-      for (const at::Tensor& x : {g.latents, g.text, g.pooled, g.neg_text, g.neg_pooled, g.features, g.reference}) t.push_back(x);
+      for (const at::Tensor* x : s.groups[gi].tensors()) t.push_back(*x);
       if (job.inpaint)
         for (const at::Tensor& x : {job.blends[gi].image_latents, job.blends[gi].noise, job.blends[gi].mask}) t.push_back(x);
     }
@@ -192,7 +158,8 @@ void share_leader_job(LeaderJob& job, const parallel::Communicator& leaders, at:
   s.schedule.timesteps = floats(t[1]);
   s.schedule.sigmas = floats(t[2]);
   job.t_start.assign(t[3].data_ptr<int64_t>(), t[3].data_ptr<int64_t>() + t[3].numel());
-  const size_t per_group = kGroupTensors + (job.inpaint ? kBlendTensors : 0);
+  const size_t group_tensors = pipeline::GroupInputs{}.tensors().size();
+  const size_t per_group = group_tensors + (job.inpaint ? kBlendTensors : 0);
   FLUX_CHECK(t.size() == 4 + groups * per_group, "leader job of ", t.size(), " tensors for ", groups, " groups");
   auto on_device = [&](size_t k) { return t[k].defined() ? t[k].to(device) : at::Tensor(); };
   s.groups.clear();
@@ -200,19 +167,14 @@ void share_leader_job(LeaderJob& job, const parallel::Communicator& leaders, at:
   for (size_t gi = 0; gi < groups; ++gi) {
     const size_t k = 4 + gi * per_group;
     pipeline::GroupInputs g;
-    g.latents = on_device(k);
-    g.text = on_device(k + 1);
-    g.pooled = on_device(k + 2);
-    g.neg_text = on_device(k + 3);
-    g.neg_pooled = on_device(k + 4);
-    g.features = on_device(k + 5);
-    g.reference = on_device(k + 6);
+    size_t f = k;
+    for (at::Tensor* x : g.tensors()) *x = on_device(f++);
     s.groups.push_back(std::move(g));
     if (job.inpaint) {
       pipeline::Conditioning b;
-      b.image_latents = on_device(k + 7);
-      b.noise = on_device(k + 8);
-      b.mask = on_device(k + 9);
+      b.image_latents = on_device(k + group_tensors);
+      b.noise = on_device(k + group_tensors + 1);
+      b.mask = on_device(k + group_tensors + 2);
       job.blends.push_back(std::move(b));
     }
   }

@@ -105,11 +105,7 @@ std::string last_line(const std::string& text) {
 
 PredictJob predict_job(const PreparedRun& run, const parallel::StagePlan& plan, int64_t images, int passes) {
   const RunConfig& c = run.config;
-  if (run.model->family() != io::ModelFamily::Flux1)
-    throw UsageError("--predict: the schedule model covers FLUX.1 jobs (tools/sim/README.md); this is a FLUX.2 model");
-  if (run.inputs.mode != pipeline::PipelineMode::Text2Img)
-    throw UsageError(str_cat("--predict: the schedule model covers text-to-image jobs (tools/sim/README.md); this job is ",
-                             pipeline::mode_name(run.inputs.mode)));
+  run.family_root->check_predictable(run);
   const io::TransformerConfig& tc = run.model->transformer_config();
   const io::VaeConfig& vae = run.model->vae_config();
   PredictJob j;

@@ -1,36 +1,18 @@
 #include "app/prepare.h"
 
 #include "app/defaults.h"
-#include "pipeline/flux1/defaults.h"
-#include "pipeline/flux1/image_inputs.h"
-#include "app/flux2_prepare.h"
 #include "app/model_sources.h"
 #include "app/options.h"
 #include "app/predict.h"
 #include "core/log.h"
-#include "core/units.h"
 #include "models/common/attention.h"
-#include "models/clip_text.h"
 #include "models/common/tensor_utils.h"
-#include "models/flux/transformer.h"
-#include "models/common/loader.h"
-#include "models/t5_encoder.h"
-#include "models/vae/vae_decoder.h"
-#include "models/vae/vae_encoder.h"
-#include "parallel/encode_memory.h"
 #include "parallel/pipelines.h"
+#include "pipeline/family.h"
 
 namespace fluxmpi::app {
 
-using pipeline::check_job_inputs;
-using pipeline::check_loras;
 using pipeline::check_unchanged_inputs;
-using pipeline::describe_inputs;
-using pipeline::fill_inputs_from_checkpoint;
-using pipeline::lora_table;
-using pipeline::resolve_defaults;
-using pipeline::resolve_image_mode;
-using pipeline::set_input_attributes;
 
 bool keep_row(int64_t step, int64_t steps, int64_t every) { return (step + 1) % every == 0 || step == steps - 1; }
 
@@ -127,50 +109,10 @@ std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& p
   return groups;
 }
 
-namespace {
-
-// --dry-run: every component's weight headers against its config, as a real run checks them
-// before (VAE, transformer architecture) or while (text encoders, each rank's slice) it loads
-// them, so a broken download fails here. Only headers are read; the modules are built without
-// values, one transformer block at a time.
-void check_all_components(const io::ModelDir& dir) {
-  text_models::check_clip_text_weights(dir.clip_config(), dir.open_weights("text_encoder"));
-  text_models::check_t5_encoder_weights(dir.t5_config(), dir.open_weights("text_encoder_2"));
-  vae::check_vae_weights(dir);
-  const io::TransformerConfig& tc = dir.transformer_config();
-  io::TensorStore store = dir.open_weights("transformer");
-  const int64_t B = tc.num_blocks();
-  for (int64_t b = 0; b < B; ++b) {
-    flux::FluxTransformer part(tc, flux::TransformerPart{b, b + 1, b == 0, b == B - 1});
-    nn::LoadRules rules;
-    rules.owned = [&part](const std::string& key) { return part->owns_key(key); };
-    nn::check_module(*part, store, rules);
-  }
-}
-
-// The --dry-run job line: what the run would make, above the plan.
-std::string job_text(const RunConfig& c, const io::ModelDir& dir, const flux::LatentGeometry& g, int64_t images,
-                     const parallel::StagePlan& plan) {
-  const io::TransformerConfig& tc = dir.transformer_config();
-  const size_t prompts = c.prompts.size();
-  std::string s = str_cat("model: ", c.model, " (FLUX.1-", io::variant_name(dir.variant()), ")\n");
-  s += str_cat("job: ", prompts == 0 ? std::string("no prompt given, counted as 1") : str_cat(prompts, " prompt", prompts == 1 ? "" : "s"),
-               " x ", c.num_images, " image", c.num_images == 1 ? "" : "s", " = ", images, " image", images == 1 ? "" : "s",
-               ", ", g.width, "x", g.height, " pixels (latent ", g.latent_width, "x", g.latent_height, ", ", g.tokens(),
-               " image tokens), ", *c.steps, " steps");
-  if (tc.guidance_embeds) s += str_cat(", guidance ", *c.guidance);
-  if (c.true_cfg_enabled()) s += str_cat(", true CFG ", c.true_cfg, " (2 passes per step)");
-  s += str_cat(", ", *c.max_sequence_length, " T5 tokens + 77 CLIP tokens, dtype ", c.dtype, ", microbatch ", c.microbatch);
-  s += str_cat(", VAE ", plan.vae_tiling() ? "tiled" : "untiled", c.vae_slicing ? ", sliced" : "", "\n");
-  return s;
-}
-
-}  // namespace
-
-parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
-                                          int64_t inner_dim, int64_t num_blocks) {
+void common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
+                         parallel::PlanRequest& request) {
   const RunConfig& c = run.config;
-  parallel::PlanRequest request;
+  const int64_t inner_dim = request.transformer.inner_dim(), num_blocks = request.transformer.num_blocks();
   request.world_size = world_size;
   request.dtype_bytes = static_cast<int64_t>(c10::elementSize(nn::parse_dtype(c.dtype)));
   request.dtype_label = c.dtype;
@@ -198,7 +140,6 @@ parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size
     request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) * inner_dim *
                                                          request.dtype_bytes * passes * images);
   }
-  return request;
 }
 
 void make_stage_plan(PreparedRun& run, const parallel::PlanRequest& request, const ckpt::CheckpointReader* checkpoint) {
@@ -243,7 +184,8 @@ RunPlan common_run_plan(const PreparedRun& run, int world_size, int passes) {
 
 namespace {
 
-// prepare_run for one pipeline of `world_size` ranks.
+// prepare_run for one pipeline of `world_size` ranks: the one flow, with the model family's steps
+// (pipeline/family.h) in between.
 Preparation prepare_pipeline(PreparedRun run, int world_size) {
   Preparation out;
   RunConfig& c = run.config;
@@ -253,7 +195,6 @@ Preparation prepare_pipeline(PreparedRun run, int world_size) {
   if (!c.resume.empty()) {
     checkpoint.emplace(ckpt::CheckpointReader::open(c.resume));
     fill_from_checkpoint(c, *checkpoint);
-    fill_inputs_from_checkpoint(c, checkpoint->attributes(0), 2 * checkpoint->file().vae_scale_factor);
     run.resumed = true;
   }
   if (c.dtype.empty()) c.dtype = "auto";
@@ -268,26 +209,11 @@ Preparation prepare_pipeline(PreparedRun run, int world_size) {
   if (!c.dry_run && resolve_seed(c)) log::info("no --seed given: using seed ", *c.seed, " (pass --seed ", *c.seed, " to repeat)");
 
   run.model.emplace(model_sources_of(c));
-  if (run.model->family() == io::ModelFamily::Flux2) {
-    run.resumed = checkpoint.has_value();
-    return prepare_flux2_run(std::move(run), checkpoint ? &*checkpoint : nullptr, world_size);
-  }
-  const io::ModelDir& dir = *run.model;
-  run.inputs = resolve_image_mode(c, dir);
-  resolve_defaults(c, dir);
-  const io::TransformerConfig& tc = dir.transformer_config();
-  run.geometry = flux::latent_geometry(*c.height, *c.width, dir.vae_config().scale_factor(), tc.latent_channels());
-  // Patches are runs of whole rows of image tokens.
-  const int64_t token_rows = run.geometry.latent_height / 2;
-  if (c.patches > token_rows)
-    throw UsageError(str_cat("--patches ", c.patches, " exceeds the ", token_rows, " rows of image tokens of a ", run.geometry.width,
-                             "x", run.geometry.height, " image (a patch is at least one row)"));
-  const int64_t vae_scale = dir.vae_config().scale_factor();
-  const int64_t reference_tokens = (run.inputs.condition.height / vae_scale / 2) * (run.inputs.condition.width / vae_scale / 2);
-  if (c.patches > 1 && reference_tokens > 0)
-    throw UsageError(str_cat("--patches ", c.patches, ": a Kontext job with an --image runs exact steps only (the ",
-                             reference_tokens, " reference tokens attend with every patch; patch pipelining splits only "
-                             "the output's tokens)"));
+  run.family = &pipeline::family_of(*run.model);
+  run.family_root = run.family->root();
+  pipeline::FamilyRoot& family = *run.family_root;
+  const ckpt::CheckpointReader* stored = checkpoint ? &*checkpoint : nullptr;
+  family.resolve(run, stored);
   if (c.patches > 1 && c.warmup_steps >= *c.steps)
     log::warn("--warmup-steps ", c.warmup_steps, " >= --steps ", *c.steps, ": every step runs exact, --patches ",
               c.patches, " changes nothing");
@@ -295,18 +221,14 @@ Preparation prepare_pipeline(PreparedRun run, int world_size) {
   // The job and where each image stands.
   if (!c.dry_run) {
     run.images = (checkpoint && c.prompts.empty()) ? jobs_from_checkpoint(*checkpoint, c) : build_job(c);
-    check_job_inputs(run.inputs, run.images, c, dir);
+    family.check_job(run);
     for (size_t i = 0; i < run.images.size(); ++i) {
       run.attributes.push_back(attributes_of(run.images[i], c, run.geometry));
-      set_input_attributes(run.attributes.back(), run.inputs, i);
+      family.complete_attributes(run, i, run.attributes.back());
     }
   }
   run.file.model = c.model;
-  run.file.model_config = tc.json_text;
-  run.file.vae_scale_factor = dir.vae_config().scale_factor();
-  run.file.sources = {dir.source(io::Component::Transformer).path, dir.source(io::Component::Vae).path,
-                      dir.source(io::Component::TextEncoder).path, dir.source(io::Component::TextEncoder2).path,
-                      dir.root()};
+  family.file_attributes(run, run.file);
   run.progress.assign(run.images.size(), ImageProgress{});
   for (size_t i = 0; i < run.images.size(); ++i) run.progress[i].start_step = run.inputs.images[i].t_start;
   if (checkpoint) {
@@ -334,65 +256,25 @@ Preparation prepare_pipeline(PreparedRun run, int world_size) {
         }
     }
   }
+  family.check_weights(run);
 
-  dir.check_consistency(/*with_text=*/c.dry_run || run.any_encoding());
-  if (!c.dry_run) {
-    dir.require(io::Component::Vae);
-    if (run.any_encoding()) {
-      dir.require(io::Component::TextEncoder);
-      dir.require(io::Component::TextEncoder2);
-    }
-  }
-  {
-    io::TensorStore store = dir.open_weights("transformer");
-    dir.check_transformer_weights(store);
-  }
-  if (c.dry_run) check_all_components(dir);
-  else vae::check_vae_weights(dir);
-  if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) vae::check_vae_encoder_weights(dir);
-  run.loras = check_loras(c.loras, dir, /*with_text=*/c.dry_run || run.any_encoding());
-
-  parallel::PlanRequest request = common_plan_request(run, world_size, c.true_cfg_enabled() ? 2 : 1,
-                                                     run.geometry.tokens() + reference_tokens,  // Kontext: + the reference
-                                                     tc.inner_dim(), tc.num_blocks());
-  request.transformer = tc;
-  if (c.dry_run || run.any_encoding()) {
-    request.clip = dir.clip_config();
-    request.t5 = dir.t5_config();
-  }
-  request.vae = dir.vae_config();
-  std::optional<parallel::EncodeStage> encode_stage;
-  if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) {
-    // Rank 0's encode stage: one input at a time, at the size it is encoded at.
-    const bool qc = vae::parse_vae_encoder_config(dir.read_config("vae/config.json")).use_quant_conv;
-    const bool kontext = run.inputs.mode == pipeline::PipelineMode::Kontext;
-    encode_stage = parallel::vae_encode_stage(dir.vae_config(), qc, kontext ? run.inputs.condition.height : run.geometry.height,
-                                              kontext ? run.inputs.condition.width : run.geometry.width, request.dtype_bytes,
-                                              nn::kAttentionChunkBytes);
-    request.image_encode_bytes = encode_stage->total();
-  }
-  make_stage_plan(run, request, checkpoint ? &*checkpoint : nullptr);
+  const int passes = family.passes(run);
+  parallel::PlanRequest request;
+  run.family->plan_transformer(*run.model, request);
+  common_plan_request(run, world_size, passes, family.call_image_tokens(run), request);
+  family.plan(run, request);
+  make_stage_plan(run, request, stored);
 
   if (c.dry_run) {
-    std::string encode;
-    if (encode_stage)
-      encode = str_cat("VAE encoder stage (rank 0, before its blocks load): weights ", format_bytes(encode_stage->weight_bytes),
-                       " + activations ", format_bytes(encode_stage->activation_bytes), " = ",
-                       format_bytes(encode_stage->total()), "\n");
-    out.output = job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
-                 dir.describe_sources() + run.pipelines_text +
-                 run.stages->table() + lora_table(run.loras, *run.stages);
-    if (!c.predict.empty())
-      out.output += predict(predict_job(run, *run.stages, request.images, c.true_cfg_enabled() ? 2 : 1));
+    out.output = family.dry_run_text(run, request);
+    if (!c.predict.empty()) out.output += predict(predict_job(run, *run.stages, request.images, passes));
     out.dry_run_plan = run.stages;
     return out;
   }
 
-  RunPlan& plan = run.plan;
-  plan = common_run_plan(run, world_size, c.true_cfg_enabled() ? 2 : 1);
-  plan.reference_height = run.inputs.condition.height / vae_scale;
-  plan.reference_width = run.inputs.condition.width / vae_scale;
-  plan.loras = c.loras;
+  run.plan = common_run_plan(run, world_size, passes);
+  run.plan.family = run.family->name();
+  family.complete_plan(run, run.plan);
   out.run = std::move(run);
   return out;
 }

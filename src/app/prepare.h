@@ -1,6 +1,7 @@
 #pragma once
 /// Rank 0's validation of a run, before any heavy work: options, resumed checkpoint, model
-/// configs, the job, the stage plan. Everything a user can get wrong is found here and reported
+/// configs, the job, the stage plan. One flow for every model family: what differs is the family's
+/// (pipeline/family.h, FamilyRoot's validation steps). Everything a user can get wrong is found here and reported
 /// as one error; nothing is loaded and nothing is written.
 
 #include <optional>
@@ -8,12 +9,12 @@
 #include <vector>
 
 #include "app/job.h"
-#include "pipeline/prepared_run.h"
 #include "ckpt/checkpoint_reader.h"
 #include "ckpt/format.h"
-#include "parallel/partition.h"
 #include "io/model_dir.h"
 #include "models/flux/latents.h"
+#include "parallel/partition.h"
+#include "pipeline/prepared_run.h"
 
 namespace fluxmpi::app {
 
@@ -48,11 +49,11 @@ std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& checkpo
 /// Consecutive images that start at the same step, up to `microbatch` per group.
 std::vector<pipeline::WorkGroup> make_groups(const std::vector<ImageProgress>& progress, int64_t steps, int64_t microbatch);
 
-/// What the planner is asked for any model family: the run's options, job, geometry and progress
-/// (the family adds its transformer, encoders and VAE). `image_tokens` per image (Kontext: + the
-/// reference tokens).
-parallel::PlanRequest common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
-                                          int64_t inner_dim, int64_t num_blocks);
+/// What the planner is asked for any model family, added to `request` (whose transformer the family
+/// has set: Family::plan_transformer): the run's options, job, geometry and progress. `image_tokens`
+/// per image (Kontext: + the reference tokens).
+void common_plan_request(const PreparedRun& run, int world_size, int passes, int64_t image_tokens,
+                         parallel::PlanRequest& request);
 /// Plans the stages (run.stages), sets every image's vae_tiling from the plan, and compares a
 /// resumed checkpoint with the attributes once more.
 void make_stage_plan(PreparedRun& run, const parallel::PlanRequest& request, const ckpt::CheckpointReader* checkpoint);

@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/flux1/image_stage.h"
 #include "app/prepare.h"
 #include "core/units.h"
-#include "pipeline/text_stage.h"
+#include "pipeline/family.h"
 
 namespace fluxmpi::app {
 
@@ -43,9 +42,7 @@ inline uint64_t stage_peak() {
 struct RootRun {
   PreparedRun prepared;
   at::ScalarType dtype = at::kFloat;
-  std::vector<pipeline::PromptEmbedding> text;      // per image (fresh ones)
-  std::vector<pipeline::PromptEmbedding> negative;  // per image, true CFG
-  std::optional<pipeline::TextEncoders> kept_encoders;
+  pipeline::PromptEmbeddings prompts;                // per image (fresh ones)
   std::vector<pipeline::EncodedImage> conditioning;  // per image, from the input images
   std::vector<StageTime> times;
 };

@@ -1,123 +1,34 @@
 #include "app/runner.h"
 
 #include <cstdio>
-#include <map>
 #include <memory>
 
-#include "pipeline/flux2/stages.h"
-#include "pipeline/flux1/image_stage.h"
 #include "app/job_loop.h"
 #include "app/prepare.h"
 #include "app/root_run.h"
 #include "core/log.h"
 #include "core/units.h"
-#include "parallel/device.h"
-#include "parallel/message.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
-#include "models/flux/lora_targets.h"
-#include "models/flux/transformer.h"
-#include "pipeline/text_stage.h"
+#include "parallel/device.h"
+#include "pipeline/family.h"
 
 namespace fluxmpi::app {
 
-using pipeline::encode_image_inputs;
-using pipeline::Flux2SplitTextStage;
-using pipeline::Flux2TextStage;
-using pipeline::LoraCheck;
-using pipeline::LoraFiles;
-using pipeline::load_flux2_stage;
-using pipeline::open_lora_files;
 using pipeline::run_plan_from_json;
 using pipeline::to_json;
+
 namespace {
 
-// FLUX.2's stage 1: one decoder-only encoder; klein base's true CFG encodes the empty prompt.
-void encode_flux2_prompts(RootRun& root, at::Device device) {
+// Stage 1 on rank 0: each distinct prompt once, with the encoders freed afterwards (unless the
+// plan split the text encoder over the ranks, which encoded the prompts already).
+void encode_prompts(RootRun& root, const pipeline::RunPlan& plan, at::Device device) {
   PreparedRun& run = root.prepared;
+  if (!run.any_encoding() || !plan.text_slices.empty()) return;
   auto t0 = Clock::now();
-  Flux2TextStage encoder(*run.model, run.plan.text_encoder_layers, root.dtype, device);
-  const int64_t msl = *run.config.max_sequence_length;
-  std::map<std::string, pipeline::PromptEmbedding> cache;
-  auto embed = [&](const std::string& p, const std::string& what) {
-    auto it = cache.find(p);
-    if (it == cache.end()) it = cache.emplace(p, encoder.encode(p, msl, what)).first;
-    return it->second;
-  };
-  root.text.resize(run.images.size());
-  root.negative.resize(run.images.size());
-  const bool cfg = run.plan.passes == 2;
-  for (size_t i = 0; i < run.images.size(); ++i) {
-    if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
-    root.text[i] = embed(run.images[i].prompt, str_cat("image ", i));
-    if (cfg) root.negative[i] = embed("", str_cat("image ", i, " (the empty negative prompt)"));
-  }
-  log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_text(seconds_since(t0)), " (text encoder: ",
-            format_bytes(static_cast<uint64_t>(encoder.parameter_bytes())), ")");
-  root.times.push_back({"encode", seconds_since(t0), stage_peak()});
-}
-
-// FLUX.2's stage 1 over the ranks holding the text encoder's slices: rank 0's distinct prompts
-// (and klein base's empty negative prompt) in order, every rank taking part.
-void encode_flux2_split(RootRun* root, const Flux2SplitTextStage& stage, const parallel::MpiEnv& env) {
-  std::vector<std::string> distinct;
-  std::map<std::string, size_t> index;
-  if (root != nullptr) {
-    const PreparedRun& run = root->prepared;
-    auto add = [&](const std::string& p) {
-      if (index.emplace(p, distinct.size()).second) distinct.push_back(p);
-    };
-    for (size_t i = 0; i < run.images.size(); ++i) {
-      if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
-      add(run.images[i].prompt);
-      if (run.plan.passes == 2) add("");
-    }
-  }
-  std::unique_ptr<parallel::Messenger> messenger = std::make_unique<parallel::Messenger>(env);
-  const int64_t msl = root != nullptr ? *root->prepared.config.max_sequence_length : 0;
-  const std::vector<pipeline::PromptEmbedding> embeds = stage.encode(env, messenger.get(), distinct, msl);
-  messenger->wait_all();
-  if (root == nullptr) return;
-  PreparedRun& run = root->prepared;
-  root->text.resize(run.images.size());
-  root->negative.resize(run.images.size());
-  for (size_t i = 0; i < run.images.size(); ++i) {
-    if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
-    root->text[i] = embeds.at(index.at(run.images[i].prompt));
-    if (run.plan.passes == 2) root->negative[i] = embeds.at(index.at(""));
-  }
-}
-
-// Stage 1 on rank 0: each distinct prompt once, with the encoders freed afterwards.
-void encode_prompts(RootRun& root, at::Device device) {
-  PreparedRun& run = root.prepared;
-  if (!run.any_encoding()) return;
-  if (run.plan.family == "flux2") {
-    if (run.plan.text_slices.empty()) encode_flux2_prompts(root, device);  // else: encoded over the ranks already
-    return;
-  }
-  auto t0 = Clock::now();
-  pipeline::TextEncoders encoders(*run.model, root.dtype, device, run.loras.files);
-  const int64_t msl = *run.config.max_sequence_length;
-  std::map<std::pair<std::string, std::string>, pipeline::PromptEmbedding> cache;
-  auto embed = [&](const std::string& p, const std::string& p2, const std::string& what) {
-    auto key = std::make_pair(p, p2);
-    auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, encoders.encode(p, p2, msl, what)).first;
-    return it->second;
-  };
-  root.text.resize(run.images.size());
-  root.negative.resize(run.images.size());
-  const bool cfg = run.plan.passes == 2;
-  for (size_t i = 0; i < run.images.size(); ++i) {
-    if (run.progress[i].decoded || !run.progress[i].needs_encoding) continue;
-    const ImageJob& job = run.images[i];
-    root.text[i] = embed(job.prompt, job.prompt_2, str_cat("image ", i));
-    if (cfg) root.negative[i] = embed(job.negative_prompt, job.negative_prompt, str_cat("image ", i, " (negative prompt)"));
-  }
-  log::info("encoded ", cache.size(), " distinct prompt(s) in ", seconds_text(seconds_since(t0)), " (text encoders: ",
-            format_bytes(static_cast<uint64_t>(encoders.parameter_bytes())), ")");
-  if (run.config.keep_encoders) root.kept_encoders.emplace(std::move(encoders));
+  const pipeline::PromptStage stage = run.family_root->encode_prompts(run, root.dtype, device, root.prompts);
+  log::info("encoded ", stage.distinct, " distinct prompt(s) in ", seconds_text(seconds_since(t0)), " (", stage.encoders,
+            ": ", format_bytes(static_cast<uint64_t>(stage.parameter_bytes)), ")");
   root.times.push_back({"encode", seconds_since(t0), stage_peak()});
 }
 
@@ -179,21 +90,21 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     code = report(e);
   }
   if (!plan.text_slices.empty()) {
-    // FLUX.2's text encoder over the leading ranks: all of them load their slices and agree, then
+    // The text encoder over the leading ranks: all of them load their slices and agree, then
     // encode together (a failure from here on aborts the job, as in the denoising loop).
     code = env.agree(code);
     if (code != kExitOk) return code;
     const auto t0 = Clock::now();
-    std::optional<Flux2SplitTextStage> stage;
+    std::unique_ptr<pipeline::SplitTextStage> stage;
     try {
-      stage.emplace(io::ModelDir(plan.sources), plan.text_slices, plan.text_encoder_layers, rank, dtype, device);
+      stage = pipeline::family_named(plan.family).split_text_stage(io::ModelDir(plan.sources), plan, rank, dtype, device);
     } catch (const std::exception& e) {
       code = report(e);
     }
     code = env.agree(code);
     if (code != kExitOk) return code;
     try {
-      encode_flux2_split(root.get(), *stage, env);
+      stage->encode(env, root ? &root->prepared : nullptr, root ? &root->prompts : nullptr);
     } catch (const std::exception& e) {
       env.abort(report(e));
     }
@@ -203,25 +114,21 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     }
   }
   try {
+    const pipeline::Family& family = pipeline::family_named(plan.family);
     if (rank == 0) {
-      encode_prompts(*root, device);
-      if (root->prepared.inputs.encodes()) {
+      PreparedRun& run = root->prepared;
+      encode_prompts(*root, plan, device);
+      if (run.inputs.encodes()) {
         const auto t0 = Clock::now();
-        root->conditioning = encode_image_inputs(root->prepared, root->dtype, device);
+        root->conditioning = run.family_root->encode_images(run, root->dtype, device);
         root->times.push_back({"encode images", seconds_since(t0), stage_peak()});
       }
-      root->prepared.loras = LoraCheck{};  // unmapped: each rank reopens the LoRAs for its slice below
+      run.family_root->end_stage1();
     }
     t_load = Clock::now();
     io::ModelDir dir(plan.sources);
-    const bool flux2 = plan.family == "flux2";
     parallel::PlanRequest request;
-    if (flux2) {
-      request.transformer = io::transformer_shape(dir.flux2_transformer_config());
-      request.family = parallel::flux2_family_costs(dir.flux2_transformer_config());
-    } else {
-      request.transformer = dir.transformer_config();
-    }
+    family.plan_transformer(dir, request);
     // Every pipeline runs the same plan of S slices: this rank's stage is its place in its pipeline.
     request.world_size = plan.stages;
     request.partition = plan.ranges;
@@ -229,21 +136,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     const int stage = rank % plan.stages;
     const parallel::StageBlocks& b = stages->blocks(stage);
     nn::LoadStats stats;
-    if (flux2) {
-      part = load_flux2_stage(dir, b.first, b.last + 1, stages->owns_embedders(stage), stages->owns_final_layer(stage), dtype,
-                              device, &stats);
-    } else {
-      flux::TransformerPart tp{b.first, b.last + 1, stages->owns_embedders(stage), stages->owns_final_layer(stage)};
-      // Every rank opens the LoRAs itself and merges only the updates of the modules it loads.
-      const LoraFiles loras = open_lora_files(plan.loras);
-      auto applied = std::make_shared<std::vector<int64_t>>();
-      nn::WeightAdjust merge;
-      if (!loras.empty()) merge = flux::flux_lora_set(loras, dir.transformer_config()).adjust(applied);
-      part = flux::load_flux_transformer(dir, tp, dtype, device, &stats, merge).ptr();
-      for (size_t f = 0; f < loras.size(); ++f)
-        log::debug("LoRA ", io::lora_spec_text(loras[f]->spec()), ": merged into ", (*applied)[f], " weights of blocks ",
-                   b.describe());
-    }
+    part = family.load_part(dir, plan, *stages, stage, dtype, device, &stats);
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
                seconds_text(seconds_since(t_load)));
   } catch (const std::exception& e) {

@@ -103,6 +103,10 @@ struct GroupInputs {
   at::Tensor features;
   /// Kontext: [m, Li, 4C] reference tokens appended to the latents' tokens; undefined otherwise.
   at::Tensor reference;
+
+  /// Every field, in a fixed order: what a pipeline leader receives of a group from world rank 0
+  /// (app/leader_job.cpp). A field a mode adds is listed here too.
+  std::vector<at::Tensor*> tensors() { return {&latents, &text, &pooled, &neg_text, &neg_pooled, &features, &reference}; }
 };
 
 /// Rank 0 is told about every finished step of a group.

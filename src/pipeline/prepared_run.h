@@ -3,6 +3,7 @@
 /// resolved, the model, the job, the checkpoint's attributes, where each image stands, the stage
 /// plan and the run plan every rank gets.
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,7 +12,7 @@
 #include "io/model_dir.h"
 #include "models/flux/latents.h"
 #include "parallel/partition.h"
-#include "pipeline/flux1/loras.h"
+#include "pipeline/family.h"
 #include "pipeline/image_job.h"
 #include "pipeline/job_inputs.h"
 #include "pipeline/run_config.h"
@@ -29,6 +30,9 @@ struct ImageProgress {
 struct PreparedRun {
   RunConfig config;
   std::optional<io::ModelDir> model;
+  /// The model's family and its rank-0 side of this run (pipeline/family.h), set with `model`.
+  const Family* family = nullptr;
+  std::shared_ptr<FamilyRoot> family_root;
   std::vector<ImageJob> images;
   std::vector<ckpt::ImageAttributes> attributes;
   ckpt::FileAttributes file;
@@ -37,7 +41,6 @@ struct PreparedRun {
   bool resumed = false;
   RunPlan plan;
   std::optional<parallel::StagePlan> stages;
-  LoraCheck loras;  ///< the --lora files, checked against the model
   JobInputs inputs;  ///< the mode and the decoded input images (every image of the job)
   /// --dry-run with --stages: the pipelines, their ranks and hosts (printed above the plan).
   std::string pipelines_text;
@@ -46,5 +49,9 @@ struct PreparedRun {
 
   bool any_encoding() const;
 };
+
+/// --patches against the image: a patch is at least one row of image tokens (UsageError otherwise).
+/// Each family calls it once it knows the geometry.
+void check_patch_rows(const RunConfig& config, const flux::LatentGeometry& geometry);
 
 }  // namespace fluxmpi::pipeline

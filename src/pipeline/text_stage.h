@@ -21,7 +21,7 @@ struct PromptEmbedding {
   at::Tensor pooled;         ///< [pooled_projection_dim], run dtype
   at::Tensor clip_ids;       ///< [77] int64
   at::Tensor t5_ids;         ///< [S] int64
-  // FLUX.2 (app/flux2_stages.h): one decoder-only encoder, no pooled output, no CLIP/T5 ids.
+  // FLUX.2 (pipeline/flux2/stages.h): one decoder-only encoder, no pooled output, no CLIP/T5 ids.
   at::Tensor input_ids;       ///< [S] int64
   at::Tensor attention_mask;  ///< [S] int64, 1 = real token
 };

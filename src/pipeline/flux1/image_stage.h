@@ -1,25 +1,19 @@
 #pragma once
-/// Rank 0's image stage (docs/images.md): after the prompts are encoded and before the transformer
-/// slice is loaded, the VAE encoder turns every input image into the conditioning of its image, then
-/// is freed. The checkpoint keeps what a resumed run needs, so resuming encodes nothing again.
+/// FLUX.1's image stage on rank 0 (docs/images.md): after the prompts are encoded and before the
+/// transformer slice is loaded, the VAE encoder turns every input image into the conditioning of its
+/// image, then is freed. The checkpoint keeps what a resumed run needs, so resuming encodes nothing again.
 
 #include <ATen/ATen.h>
 
 #include <vector>
 
-#include "pipeline/prepared_run.h"
 #include "ckpt/checkpoint_reader.h"
 #include "ckpt/checkpoint_writer.h"
+#include "pipeline/family.h"
 #include "pipeline/image_conditioning.h"
+#include "pipeline/prepared_run.h"
 
 namespace fluxmpi::pipeline {
-
-/// What the image stage made of one image: its conditioning and, when the run writes a checkpoint,
-/// the input pixels it stores (inputs/*).
-struct EncodedImage {
-  pipeline::Conditioning conditioning;
-  io::Image8 image, mask, control;  ///< as decoded; the mask as stored (grey)
-};
 
 /// One EncodedImage per image of the job: computed for the images still to encode (empty for the
 /// others and for modes without inputs). Decodes each input file again (each distinct file once in

@@ -1,5 +1,5 @@
 #pragma once
-/// The FLUX.2 family's stages as the runner calls them (app/runner.cpp): the text stage (the
+/// The FLUX.2 family's stages (pipeline/flux2/family.cpp): the text stage (the
 /// tokenizer's chat template and the decoder-only encoder, built up to the last layer used), the
 /// transformer part a rank holds, the initial noise, the schedule and the decode. The step loop,
 /// the messages, the planner and the checkpoint are the ones FLUX.1 uses.
@@ -19,6 +19,7 @@
 #include "parallel/message.h"
 #include "parallel/mpi_env.h"
 #include "parallel/partition.h"
+#include "pipeline/family.h"
 #include "pipeline/text_stage.h"
 #include "sched/flow_match_euler.h"
 
@@ -74,14 +75,14 @@ at::Tensor flux2_initial_latents(int64_t seed, const flux::LatentGeometry& geome
 /// The schedule: sigmas linspace(1, 1/N, N) shifted by compute_empirical_mu(L, N).
 sched::Schedule flux2_run_schedule(const io::ModelDir& dir, int64_t steps, int64_t image_tokens);
 
-/// Rank 0's decoder: AutoencoderKLFlux2's decode path.
-class Flux2Decoder {
+/// A leader's decoder: AutoencoderKLFlux2's decode path.
+class Flux2Decoder : public ImageDecoder {
  public:
   Flux2Decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device);
-  ~Flux2Decoder();
+  ~Flux2Decoder() override;
   /// packed latents [n, L, 4C] -> n 8-bit RGB images.
   std::vector<io::RgbImage> decode(const at::Tensor& packed, const flux::LatentGeometry& geometry,
-                                   const vae::DecodeOptions& options) const;
+                                   const vae::DecodeOptions& options) const override;
 
  private:
   struct Impl;
