@@ -70,6 +70,13 @@ void TileDecodeLeader::finish() {
   messenger_.wait_all();
 }
 
+TileDecoder tile_decoder_of(std::shared_ptr<vae::VaeDecoder> decoder) {
+  TileDecoder d;
+  d.geometry = vae::tile_geometry((*decoder)->config());
+  d.decode = [decoder](const at::Tensor& z) { return (*decoder)->forward(z); };
+  return d;
+}
+
 int64_t help_tile_decode(const parallel::Communicator& comm, const std::vector<int>& ranks,
                          const std::function<TileDecoder()>& load, at::Device device) {
   const int me = comm.rank(), leader = ranks.front();

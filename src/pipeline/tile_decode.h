@@ -14,9 +14,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "models/vae/tiling.h"
+#include "models/vae/vae_decoder.h"
 #include "parallel/communicator.h"
 #include "parallel/message.h"
 
@@ -60,6 +62,9 @@ struct TileDecoder {
   vae::DecodeFn decode;         ///< one decoder call on one tile
   vae::TileGeometry geometry;   ///< the decoder's tile geometry (equal to the leader's)
 };
+
+/// The tile decoder of a loaded VAE decoder, which its calls keep alive.
+TileDecoder tile_decoder_of(std::shared_ptr<vae::VaeDecoder> decoder);
 
 /// A helper's side (a decode rank other than the leader): receives pass after pass from the leader
 /// until it says no more, decodes its tiles of each (the decoder comes from `load`, called once,

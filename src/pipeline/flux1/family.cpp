@@ -4,7 +4,6 @@
 #include "models/flux/lora_targets.h"
 #include "models/flux/transformer.h"
 #include "models/vae/image_processor.h"
-#include "models/vae/tiling.h"
 #include "pipeline/flux1/loras.h"
 #include "pipeline/noise.h"
 #include "pipeline/run_plan.h"
@@ -68,11 +67,7 @@ class Flux1Family : public Family {
   }
 
   TileDecoder tile_decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device) const override {
-    auto decoder = std::make_shared<vae::VaeDecoder>(vae::load_vae_decoder(dir, dtype, device));
-    TileDecoder d;
-    d.geometry = vae::tile_geometry((*decoder)->config());
-    d.decode = [decoder](const at::Tensor& z) { return (*decoder)->forward(z); };
-    return d;
+    return tile_decoder_of(std::make_shared<vae::VaeDecoder>(vae::load_vae_decoder(dir, dtype, device)));
   }
 };
 

@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "models/flux2/vae.h"
-#include "models/vae/tiling.h"
 #include "pipeline/flux2/stages.h"
 #include "pipeline/prepared_run.h"
 #include "pipeline/run_plan.h"
@@ -93,11 +92,7 @@ class Flux2Family : public Family {
   // act on the packed latents before the leader cuts tiles.
   TileDecoder tile_decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device) const override {
     auto vae = std::make_shared<flux2::Vae>(flux2::load_vae(dir.component_dir("vae"), dtype, device));
-    std::shared_ptr<vae::VaeDecoder> decoder(vae, &vae->decoder());
-    TileDecoder d;
-    d.geometry = vae::tile_geometry((*decoder)->config());
-    d.decode = [decoder](const at::Tensor& z) { return (*decoder)->forward(z); };
-    return d;
+    return tile_decoder_of(std::shared_ptr<vae::VaeDecoder>(vae, &vae->decoder()));
   }
 };
 
