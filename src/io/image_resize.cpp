@@ -1,5 +1,5 @@
-// Semantics of Pillow 9.4 ImagingResample (src/libImaging/Resample.c) for 8-bit images, LANCZOS
-// filter, box = the whole image.
+// Semantics of Pillow ImagingResample (src/libImaging/Resample.c, unchanged from 9.4 to 11) for
+// 8-bit images, LANCZOS and BICUBIC filters, box = the whole image.
 #include "io/image_resize.h"
 
 #include <algorithm>
@@ -13,7 +13,6 @@ namespace {
 // Fixed point of the 8-bit passes: 32 bits less 8 for the sample and 2 for the overshoot of
 // negative lobes.
 constexpr int kPrecisionBits = 32 - 8 - 2;
-constexpr double kLanczosSupport = 3.0;
 
 // The double-precision expressions below are written in Pillow's order of operations: the
 // coefficients are rounded to 22 bits afterwards, so a different rounding of an intermediate
@@ -29,6 +28,22 @@ double lanczos(double x) {
   return 0.0;
 }
 
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+// A filter and the half-width it is non-zero on, as Pillow's `struct filter`.
+struct Filter {
+  double (*fn)(double);
+  double support;
+};
+constexpr Filter kLanczos{lanczos, 3.0};
+constexpr Filter kBicubic{bicubic, 2.0};
+
 // The taps of one pass: output sample i reads `count[i]` input samples from `first[i]` with the
 // weights `weights[i * ksize ...]`.
 struct Taps {
@@ -38,11 +53,11 @@ struct Taps {
   std::vector<int32_t> weights;
 };
 
-Taps lanczos_taps(int in_size, int out_size) {
+Taps filter_taps(const Filter& filter, int in_size, int out_size) {
   // Pillow computes the box width in float (exact below 2^24) before dividing in double.
   const double scale = static_cast<double>(static_cast<float>(in_size) - 0.0f) / out_size;
   const double filterscale = std::max(scale, 1.0);
-  const double support = kLanczosSupport * filterscale;
+  const double support = filter.support * filterscale;
   Taps t;
   t.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
   t.first.resize(out_size);
@@ -60,7 +75,7 @@ Taps lanczos_taps(int in_size, int out_size) {
     const int n = xmax - xmin;
     double ww = 0.0;
     for (int x = 0; x < n; ++x) {
-      const double w = lanczos((x + xmin - center + 0.5) * ss);
+      const double w = filter.fn((x + xmin - center + 0.5) * ss);
       k[x] = w;
       ww += w;
     }
@@ -86,8 +101,8 @@ uint8_t clip8(int64_t sum) {
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
-Image8 horizontal_pass(const Image8& in, int out_w) {
-  const Taps t = lanczos_taps(in.width, out_w);
+Image8 horizontal_pass(const Filter& filter, const Image8& in, int out_w) {
+  const Taps t = filter_taps(filter, in.width, out_w);
   const int C = in.channels;
   Image8 out{out_w, in.height, C, std::vector<uint8_t>(static_cast<size_t>(out_w) * in.height * C)};
   for (int y = 0; y < in.height; ++y) {
@@ -106,8 +121,8 @@ Image8 horizontal_pass(const Image8& in, int out_w) {
   return out;
 }
 
-Image8 vertical_pass(const Image8& in, int out_h) {
-  const Taps t = lanczos_taps(in.height, out_h);
+Image8 vertical_pass(const Filter& filter, const Image8& in, int out_h) {
+  const Taps t = filter_taps(filter, in.height, out_h);
   const int C = in.channels;
   const size_t row_len = static_cast<size_t>(in.width) * C;
   Image8 out{in.width, out_h, C, std::vector<uint8_t>(row_len * out_h)};
@@ -125,18 +140,22 @@ Image8 vertical_pass(const Image8& in, int out_h) {
   return out;
 }
 
-}  // namespace
-
-Image8 resize_lanczos(const Image8& image, int out_w, int out_h) {
+Image8 resize_with(const Filter& filter, const Image8& image, int out_w, int out_h) {
   FLUX_CHECK(out_w > 0 && out_h > 0, "resize to ", out_w, "x", out_h);
   FLUX_CHECK(image.width > 0 && image.height > 0 && image.channels > 0 &&
                  image.pixels.size() == static_cast<size_t>(image.width) * image.height * image.channels,
              "bad image buffer ", image.width, "x", image.height, "x", image.channels);
   if (out_w == image.width && out_h == image.height) return image;
-  if (out_w == image.width) return vertical_pass(image, out_h);
-  Image8 h = horizontal_pass(image, out_w);
+  if (out_w == image.width) return vertical_pass(filter, image, out_h);
+  Image8 h = horizontal_pass(filter, image, out_w);
   if (out_h == image.height) return h;
-  return vertical_pass(h, out_h);
+  return vertical_pass(filter, h, out_h);
 }
+
+}  // namespace
+
+Image8 resize_lanczos(const Image8& image, int out_w, int out_h) { return resize_with(kLanczos, image, out_w, out_h); }
+
+Image8 resize_bicubic(const Image8& image, int out_w, int out_h) { return resize_with(kBicubic, image, out_w, out_h); }
 
 }  // namespace fluxmpi::io

@@ -1,6 +1,7 @@
 #pragma once
-/// Image resizing bit for bit as Pillow 9.4's Image.resize((W, H), Image.LANCZOS) on 8-bit
-/// images, which diffusers' VaeImageProcessor.resize uses for PIL inputs.
+/// Image resizing bit for bit as Pillow's Image.resize((W, H), filter) on 8-bit images (the same
+/// arithmetic in Pillow 9.4 and 11): LANCZOS, which diffusers' VaeImageProcessor.resize uses for
+/// PIL inputs, and BICUBIC, which transformers' SiglipImageProcessor uses (FLUX.1 Redux).
 
 #include "io/image_file.h"
 
@@ -11,5 +12,8 @@ namespace fluxmpi::io {
 /// vertical pass; a pass whose size does not change is skipped, and the same size returns a copy.
 /// No aspect preservation, no crop. out_w and out_h must be positive.
 Image8 resize_lanczos(const Image8& image, int out_w, int out_h);
+
+/// The same two-pass scheme with Pillow's BICUBIC filter (Keys' cubic, a = -0.5, support 2).
+Image8 resize_bicubic(const Image8& image, int out_w, int out_h);
 
 }  // namespace fluxmpi::io

@@ -1,0 +1,153 @@
+// Semantics of transformers SiglipVisionModel (vision tower without the pooling head): patch
+// convolution + position table, pre-LN encoder layers with bidirectional attention, final
+// LayerNorm; written against nn::attention and the common layers.
+
+#include "models/siglip/siglip_vision.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include "core/error.h"
+#include "models/common/attention.h"
+#include "models/common/tensor_utils.h"
+
+namespace fluxmpi::siglip {
+
+text_models::Activation siglip_activation(const std::string& name) {
+  // transformers' PytorchGELUTanh: torch's gelu(approximate="tanh").
+  if (name == "gelu_pytorch_tanh") return text_models::Activation::GeluTanh;
+  return text_models::parse_activation(name, "image_encoder/config.json 'hidden_act'");
+}
+
+SiglipPatchEmbeddingImpl::SiglipPatchEmbeddingImpl(int64_t channels, int64_t dim, int64_t patch_) : patch(patch_) {
+  weight = register_parameter("weight", nn::placeholder({dim, channels, patch, patch}), false);
+  bias = register_parameter("bias", nn::placeholder({dim}), false);
+}
+
+at::Tensor SiglipPatchEmbeddingImpl::forward(const at::Tensor& pixels) const {
+  return nn::conv2d(pixels, weight, bias, /*stride=*/{patch, patch}, /*padding=*/{0, 0});
+}
+
+SiglipVisionEmbeddingsImpl::SiglipVisionEmbeddingsImpl(const io::SiglipVisionConfig& c) {
+  patch_embedding =
+      register_module("patch_embedding", SiglipPatchEmbedding(c.num_channels, c.hidden_size, c.patch_size));
+  position_embedding = register_module("position_embedding", nn::Embedding(c.num_positions(), c.hidden_size));
+}
+
+at::Tensor SiglipVisionEmbeddingsImpl::forward(const at::Tensor& pixels) const {
+  // pixels: [B, C, H, W] -> patches [B, D, h, w] -> [B, h*w, D]
+  at::Tensor x = patch_embedding->forward(pixels).flatten(2).transpose(1, 2);
+  const int64_t L = x.size(1), positions = position_embedding->weight.size(0);
+  if (L != positions)
+    throw ConfigError(str_cat("SigLIP image encoder: a ", pixels.size(2), "x", pixels.size(3), " input gives ", L,
+                              " patches, but the position table has ", positions,
+                              " rows (feature_extractor size and image_encoder image_size disagree)"));
+  return x + position_embedding->weight;
+}
+
+SiglipAttentionImpl::SiglipAttentionImpl(const io::SiglipVisionConfig& c) : heads(c.num_attention_heads) {
+  const int64_t D = c.hidden_size;
+  k_proj = register_module("k_proj", nn::Linear(D, D));
+  v_proj = register_module("v_proj", nn::Linear(D, D));
+  q_proj = register_module("q_proj", nn::Linear(D, D));
+  out_proj = register_module("out_proj", nn::Linear(D, D));
+}
+
+at::Tensor SiglipAttentionImpl::forward(const at::Tensor& x) const {
+  // x: [B, L, D] -> q, k, v: [B, H, L, Dh]; scale Dh^-0.5 (nn::attention's default)
+  const int64_t B = x.size(0), L = x.size(1), D = x.size(2), Dh = D / heads;
+  auto split = [&](const at::Tensor& t) { return t.view({B, L, heads, Dh}).transpose(1, 2); };
+  at::Tensor o = nn::attention(split(q_proj->forward(x)), split(k_proj->forward(x)), split(v_proj->forward(x)));
+  return out_proj->forward(o.transpose(1, 2).reshape({B, L, D}));
+}
+
+SiglipMlpImpl::SiglipMlpImpl(const io::SiglipVisionConfig& c) : act(siglip_activation(c.hidden_act)) {
+  fc1 = register_module("fc1", nn::Linear(c.hidden_size, c.intermediate_size));
+  fc2 = register_module("fc2", nn::Linear(c.intermediate_size, c.hidden_size));
+}
+
+at::Tensor SiglipMlpImpl::forward(const at::Tensor& x) const {
+  return fc2->forward(text_models::activate(act, fc1->forward(x)));
+}
+
+SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const io::SiglipVisionConfig& c) {
+  self_attn = register_module("self_attn", SiglipAttention(c));
+  layer_norm1 = register_module("layer_norm1", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+  mlp = register_module("mlp", SiglipMlp(c));
+  layer_norm2 = register_module("layer_norm2", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+}
+
+at::Tensor SiglipEncoderLayerImpl::forward(const at::Tensor& x) const {
+  at::Tensor h = x + self_attn->forward(layer_norm1->forward(x));
+  return h + mlp->forward(layer_norm2->forward(h));
+}
+
+SiglipEncoderImpl::SiglipEncoderImpl(const io::SiglipVisionConfig& c) {
+  layer_list_ = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(SiglipEncoderLayer(c));
+    layer_list_->push_back(layers.back());
+  }
+}
+
+SiglipVisionTransformerImpl::SiglipVisionTransformerImpl(const io::SiglipVisionConfig& c) {
+  embeddings = register_module("embeddings", SiglipVisionEmbeddings(c));
+  encoder = register_module("encoder", SiglipEncoder(c));
+  post_layernorm = register_module("post_layernorm", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+}
+
+SiglipVisionModelImpl::SiglipVisionModelImpl(const io::SiglipVisionConfig& c) : config_(c) {
+  vision_model = register_module("vision_model", SiglipVisionTransformer(c));
+}
+
+SiglipVisionOutput SiglipVisionModelImpl::forward(const at::Tensor& pixels, bool trace) const {
+  // pixels: [B, C, H, W] -> last_hidden_state [B, L, D]
+  c10::InferenceMode inference;
+  nn::check_shape(pixels, {-1, config_.num_channels, -1, -1}, "SigLIP pixel values [B, C, H, W]");
+  const SiglipVisionTransformerImpl& vm = *vision_model;
+  const at::Tensor& w = vm.embeddings->patch_embedding->weight;
+  FLUX_CHECK_AS(ConfigError, pixels.size(2) >= config_.patch_size && pixels.size(3) >= config_.patch_size,
+                "SigLIP image encoder: a ", pixels.size(2), "x", pixels.size(3), " input is smaller than one ",
+                config_.patch_size, "-pixel patch");
+  SiglipVisionOutput out;
+  at::Tensor x = vm.embeddings->forward(pixels.to(w.device(), w.scalar_type()));
+  if (trace) out.embeddings = x;
+  for (const auto& layer : vm.encoder->layers) {
+    x = layer->forward(x);
+    if (trace) out.layer_outputs.push_back(x);
+  }
+  out.last_hidden_state = vm.post_layernorm->forward(x);
+  return out;
+}
+
+namespace {
+
+nn::LoadRules siglip_load_rules() {
+  nn::LoadRules rules;
+  // SiglipMultiheadAttentionPoolingHead (Redux reads last_hidden_state) and the position_ids
+  // buffer that older transformers saved.
+  rules.skip_prefixes = {"vision_model.head.", "vision_model.embeddings.position_ids"};
+  return rules;
+}
+
+}  // namespace
+
+void check_siglip_vision_weights(const io::SiglipVisionConfig& config, const io::TensorStore& store) {
+  SiglipVisionModel model(config);
+  nn::check_module(*model, store, siglip_load_rules());
+}
+
+SiglipVisionModel load_siglip_vision_model(const io::SiglipVisionConfig& config, const io::TensorStore& store,
+                                           at::ScalarType dtype, at::Device device) {
+  SiglipVisionModel model(config);
+  nn::load_module(*model, store, siglip_load_rules(), dtype, device);
+  return model;
+}
+
+int64_t siglip_vision_params(const io::SiglipVisionConfig& c) {
+  const int64_t D = c.hidden_size, F = c.intermediate_size, p = c.patch_size;
+  const int64_t embeddings = D * c.num_channels * p * p + D + c.num_positions() * D;
+  const int64_t layer = 4 * (D * D + D) + 2 * (D * F) + F + D + 2 * 2 * D;
+  return embeddings + c.num_hidden_layers * layer + 2 * D;
+}
+
+}  // namespace fluxmpi::siglip
