@@ -23,8 +23,13 @@ at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& ids) const {
   return token_embedding->forward(ids) + position_embedding->weight.narrow(0, 0, L);
 }
 
-ClipAttentionImpl::ClipAttentionImpl(const io::ClipTextConfig& c) : heads(c.num_attention_heads) {
-  const int64_t D = c.hidden_size;
+ClipLayerOptions clip_text_layer_options(const io::ClipTextConfig& c) {
+  return {c.hidden_size, c.num_attention_heads, c.intermediate_size,
+          parse_activation(c.hidden_act, "text_encoder/config.json 'hidden_act'"), c.layer_norm_eps, /*causal=*/true};
+}
+
+ClipAttentionImpl::ClipAttentionImpl(const ClipLayerOptions& o) : heads(o.num_attention_heads), causal(o.causal) {
+  const int64_t D = o.hidden_size;
   k_proj = register_module("k_proj", nn::Linear(D, D));
   v_proj = register_module("v_proj", nn::Linear(D, D));
   q_proj = register_module("q_proj", nn::Linear(D, D));
@@ -36,23 +41,22 @@ at::Tensor ClipAttentionImpl::forward(const at::Tensor& x) const {
   const int64_t B = x.size(0), L = x.size(1), D = x.size(2), Dh = D / heads;
   auto split = [&](const at::Tensor& t) { return t.view({B, L, heads, Dh}).transpose(1, 2); };
   at::Tensor o = nn::attention(split(q_proj->forward(x)), split(k_proj->forward(x)), split(v_proj->forward(x)), {},
-                               std::nullopt, /*causal=*/true);
+                               std::nullopt, causal);
   return out_proj->forward(o.transpose(1, 2).reshape({B, L, D}));
 }
 
-ClipMlpImpl::ClipMlpImpl(const io::ClipTextConfig& c)
-    : act(parse_activation(c.hidden_act, "text_encoder/config.json 'hidden_act'")) {
-  fc1 = register_module("fc1", nn::Linear(c.hidden_size, c.intermediate_size));
-  fc2 = register_module("fc2", nn::Linear(c.intermediate_size, c.hidden_size));
+ClipMlpImpl::ClipMlpImpl(const ClipLayerOptions& o) : act(o.act) {
+  fc1 = register_module("fc1", nn::Linear(o.hidden_size, o.intermediate_size));
+  fc2 = register_module("fc2", nn::Linear(o.intermediate_size, o.hidden_size));
 }
 
 at::Tensor ClipMlpImpl::forward(const at::Tensor& x) const { return fc2->forward(activate(act, fc1->forward(x))); }
 
-ClipEncoderLayerImpl::ClipEncoderLayerImpl(const io::ClipTextConfig& c) {
-  self_attn = register_module("self_attn", ClipAttention(c));
-  layer_norm1 = register_module("layer_norm1", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
-  mlp = register_module("mlp", ClipMlp(c));
-  layer_norm2 = register_module("layer_norm2", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipLayerOptions& o) {
+  self_attn = register_module("self_attn", ClipAttention(o));
+  layer_norm1 = register_module("layer_norm1", nn::LayerNorm(o.hidden_size, o.layer_norm_eps, true));
+  mlp = register_module("mlp", ClipMlp(o));
+  layer_norm2 = register_module("layer_norm2", nn::LayerNorm(o.hidden_size, o.layer_norm_eps, true));
 }
 
 at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x) const {
@@ -61,17 +65,17 @@ at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x) const {
   return h + mlp->forward(layer_norm2->forward(h));
 }
 
-ClipEncoderImpl::ClipEncoderImpl(const io::ClipTextConfig& c) {
+ClipEncoderImpl::ClipEncoderImpl(const ClipLayerOptions& o, int64_t num_layers) {
   layer_list_ = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers.push_back(ClipEncoderLayer(c));
+  for (int64_t i = 0; i < num_layers; ++i) {
+    layers.push_back(ClipEncoderLayer(o));
     layer_list_->push_back(layers.back());
   }
 }
 
 ClipTextTransformerImpl::ClipTextTransformerImpl(const io::ClipTextConfig& c) {
   embeddings = register_module("embeddings", ClipTextEmbeddings(c));
-  encoder = register_module("encoder", ClipEncoder(c));
+  encoder = register_module("encoder", ClipEncoder(clip_text_layer_options(c), c.num_hidden_layers));
   final_layer_norm = register_module("final_layer_norm", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
 }
 

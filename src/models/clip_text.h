@@ -31,22 +31,37 @@ class ClipTextEmbeddingsImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ClipTextEmbeddings);
 
-/// Multi-head self-attention with biased q/k/v/out projections and the causal mask.
+/// The shape of one pre-LayerNorm encoder layer of the CLIP family (transformers' CLIPEncoderLayer,
+/// which SigLIP's vision tower copies): CLIP's text model attends causally, SigLIP's vision model
+/// does not.
+struct ClipLayerOptions {
+  int64_t hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t intermediate_size = 0;
+  Activation act = Activation::QuickGelu;
+  double layer_norm_eps = 1e-5;
+  bool causal = true;
+};
+/// The CLIP text model's layers (causal, its config's activation and eps).
+ClipLayerOptions clip_text_layer_options(const io::ClipTextConfig& config);
+
+/// Multi-head self-attention with biased q/k/v/out projections (scale head_dim^-0.5), causal or not.
 class ClipAttentionImpl : public torch::nn::Module {
  public:
-  explicit ClipAttentionImpl(const io::ClipTextConfig& config);
+  explicit ClipAttentionImpl(const ClipLayerOptions& options);
   /// x: [B, L, D] -> [B, L, D].
   at::Tensor forward(const at::Tensor& x) const;
 
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   int64_t heads;
+  bool causal;
 };
 TORCH_MODULE(ClipAttention);
 
-/// fc1 -> activation (config hidden_act) -> fc2.
+/// fc1 -> activation -> fc2.
 class ClipMlpImpl : public torch::nn::Module {
  public:
-  explicit ClipMlpImpl(const io::ClipTextConfig& config);
+  explicit ClipMlpImpl(const ClipLayerOptions& options);
   /// x: [B, L, D] -> [B, L, D].
   at::Tensor forward(const at::Tensor& x) const;
 
@@ -58,7 +73,7 @@ TORCH_MODULE(ClipMlp);
 /// x + attn(ln1(x)), then x + mlp(ln2(x)).
 class ClipEncoderLayerImpl : public torch::nn::Module {
  public:
-  explicit ClipEncoderLayerImpl(const io::ClipTextConfig& config);
+  explicit ClipEncoderLayerImpl(const ClipLayerOptions& options);
   /// x: [B, L, D] -> [B, L, D].
   at::Tensor forward(const at::Tensor& x) const;
 
@@ -69,10 +84,10 @@ class ClipEncoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ClipEncoderLayer);
 
-/// The stack of encoder layers (`text_model.encoder.layers.N`).
+/// The stack of encoder layers (`encoder.layers.N`).
 class ClipEncoderImpl : public torch::nn::Module {
  public:
-  explicit ClipEncoderImpl(const io::ClipTextConfig& config);
+  ClipEncoderImpl(const ClipLayerOptions& options, int64_t num_layers);
   /// Typed handles of the modules registered in the `layers` list, in order.
   std::vector<ClipEncoderLayer> layers;
 

@@ -1,13 +1,12 @@
 // Semantics of transformers SiglipVisionModel (vision tower without the pooling head): patch
 // convolution + position table, pre-LN encoder layers with bidirectional attention, final
-// LayerNorm; written against nn::attention and the common layers.
+// LayerNorm; the encoder layers are CLIP's (models/clip_text.h) without the causal mask.
 
 #include "models/siglip/siglip_vision.h"
 
 #include <c10/core/InferenceMode.h>
 
 #include "core/error.h"
-#include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::siglip {
@@ -44,54 +43,14 @@ at::Tensor SiglipVisionEmbeddingsImpl::forward(const at::Tensor& pixels) const {
   return x + position_embedding->weight;
 }
 
-SiglipAttentionImpl::SiglipAttentionImpl(const io::SiglipVisionConfig& c) : heads(c.num_attention_heads) {
-  const int64_t D = c.hidden_size;
-  k_proj = register_module("k_proj", nn::Linear(D, D));
-  v_proj = register_module("v_proj", nn::Linear(D, D));
-  q_proj = register_module("q_proj", nn::Linear(D, D));
-  out_proj = register_module("out_proj", nn::Linear(D, D));
-}
-
-at::Tensor SiglipAttentionImpl::forward(const at::Tensor& x) const {
-  // x: [B, L, D] -> q, k, v: [B, H, L, Dh]; scale Dh^-0.5 (nn::attention's default)
-  const int64_t B = x.size(0), L = x.size(1), D = x.size(2), Dh = D / heads;
-  auto split = [&](const at::Tensor& t) { return t.view({B, L, heads, Dh}).transpose(1, 2); };
-  at::Tensor o = nn::attention(split(q_proj->forward(x)), split(k_proj->forward(x)), split(v_proj->forward(x)));
-  return out_proj->forward(o.transpose(1, 2).reshape({B, L, D}));
-}
-
-SiglipMlpImpl::SiglipMlpImpl(const io::SiglipVisionConfig& c) : act(siglip_activation(c.hidden_act)) {
-  fc1 = register_module("fc1", nn::Linear(c.hidden_size, c.intermediate_size));
-  fc2 = register_module("fc2", nn::Linear(c.intermediate_size, c.hidden_size));
-}
-
-at::Tensor SiglipMlpImpl::forward(const at::Tensor& x) const {
-  return fc2->forward(text_models::activate(act, fc1->forward(x)));
-}
-
-SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const io::SiglipVisionConfig& c) {
-  self_attn = register_module("self_attn", SiglipAttention(c));
-  layer_norm1 = register_module("layer_norm1", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
-  mlp = register_module("mlp", SiglipMlp(c));
-  layer_norm2 = register_module("layer_norm2", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
-}
-
-at::Tensor SiglipEncoderLayerImpl::forward(const at::Tensor& x) const {
-  at::Tensor h = x + self_attn->forward(layer_norm1->forward(x));
-  return h + mlp->forward(layer_norm2->forward(h));
-}
-
-SiglipEncoderImpl::SiglipEncoderImpl(const io::SiglipVisionConfig& c) {
-  layer_list_ = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers.push_back(SiglipEncoderLayer(c));
-    layer_list_->push_back(layers.back());
-  }
+text_models::ClipLayerOptions siglip_layer_options(const io::SiglipVisionConfig& c) {
+  return {c.hidden_size, c.num_attention_heads, c.intermediate_size, siglip_activation(c.hidden_act), c.layer_norm_eps,
+          /*causal=*/false};
 }
 
 SiglipVisionTransformerImpl::SiglipVisionTransformerImpl(const io::SiglipVisionConfig& c) {
   embeddings = register_module("embeddings", SiglipVisionEmbeddings(c));
-  encoder = register_module("encoder", SiglipEncoder(c));
+  encoder = register_module("encoder", text_models::ClipEncoder(siglip_layer_options(c), c.num_hidden_layers));
   post_layernorm = register_module("post_layernorm", nn::LayerNorm(c.hidden_size, c.layer_norm_eps, true));
 }
 

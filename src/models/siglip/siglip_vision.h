@@ -7,7 +7,6 @@
 /// Parameter names are the transformers keys (`vision_model.encoder.layers.0.self_attn.q_proj.weight`).
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
 #include <vector>
@@ -16,6 +15,7 @@
 #include "io/tensor_store.h"
 #include "models/common/layers.h"
 #include "models/common/loader.h"
+#include "models/clip_text.h"
 #include "models/text_encoder_common.h"
 
 namespace fluxmpi::siglip {
@@ -49,54 +49,9 @@ class SiglipVisionEmbeddingsImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SiglipVisionEmbeddings);
 
-/// Multi-head self-attention with biased q/k/v/out projections, scale head_dim^-0.5, no mask.
-class SiglipAttentionImpl : public torch::nn::Module {
- public:
-  explicit SiglipAttentionImpl(const io::SiglipVisionConfig& config);
-  /// x: [B, L, D] -> [B, L, D].
-  at::Tensor forward(const at::Tensor& x) const;
-
-  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
-  int64_t heads;
-};
-TORCH_MODULE(SiglipAttention);
-
-/// fc1 -> activation -> fc2.
-class SiglipMlpImpl : public torch::nn::Module {
- public:
-  explicit SiglipMlpImpl(const io::SiglipVisionConfig& config);
-  at::Tensor forward(const at::Tensor& x) const;
-
-  nn::Linear fc1{nullptr}, fc2{nullptr};
-  text_models::Activation act;
-};
-TORCH_MODULE(SiglipMlp);
-
-/// x + attn(ln1(x)), then x + mlp(ln2(x)).
-class SiglipEncoderLayerImpl : public torch::nn::Module {
- public:
-  explicit SiglipEncoderLayerImpl(const io::SiglipVisionConfig& config);
-  /// x: [B, L, D] -> [B, L, D].
-  at::Tensor forward(const at::Tensor& x) const;
-
-  nn::LayerNorm layer_norm1{nullptr};
-  SiglipAttention self_attn{nullptr};
-  nn::LayerNorm layer_norm2{nullptr};
-  SiglipMlp mlp{nullptr};
-};
-TORCH_MODULE(SiglipEncoderLayer);
-
-/// The stack of encoder layers (`encoder.layers.N`).
-class SiglipEncoderImpl : public torch::nn::Module {
- public:
-  explicit SiglipEncoderImpl(const io::SiglipVisionConfig& config);
-  /// Typed handles of the modules registered in the `layers` list, in order.
-  std::vector<SiglipEncoderLayer> layers;
-
- private:
-  torch::nn::ModuleList layer_list_{nullptr};
-};
-TORCH_MODULE(SiglipEncoder);
+/// The encoder layers: transformers' SiglipEncoderLayer is a CLIPEncoderLayer without the causal
+/// mask (same keys: self_attn.q_proj, layer_norm1, mlp.fc1, ...).
+text_models::ClipLayerOptions siglip_layer_options(const io::SiglipVisionConfig& config);
 
 /// transformers SiglipVisionTransformer (`vision_model.`) without its head.
 class SiglipVisionTransformerImpl : public torch::nn::Module {
@@ -104,7 +59,7 @@ class SiglipVisionTransformerImpl : public torch::nn::Module {
   explicit SiglipVisionTransformerImpl(const io::SiglipVisionConfig& config);
 
   SiglipVisionEmbeddings embeddings{nullptr};
-  SiglipEncoder encoder{nullptr};
+  text_models::ClipEncoder encoder{nullptr};
   nn::LayerNorm post_layernorm{nullptr};
 };
 TORCH_MODULE(SiglipVisionTransformer);
