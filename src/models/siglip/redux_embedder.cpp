@@ -5,6 +5,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "core/error.h"
+#include "models/common/cpu_linear.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
 
@@ -32,6 +33,7 @@ ReduxImageEncoder load_redux_embedder(const io::ReduxEmbedderConfig& config, con
                                       at::ScalarType dtype, at::Device device) {
   ReduxImageEncoder model(config);
   nn::load_module(*model, store, {}, dtype, device);
+  nn::use_gemm_layout(*model);
   return model;
 }
 

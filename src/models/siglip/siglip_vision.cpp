@@ -7,6 +7,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "core/error.h"
+#include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::siglip {
@@ -99,6 +100,7 @@ SiglipVisionModel load_siglip_vision_model(const io::SiglipVisionConfig& config,
                                            at::ScalarType dtype, at::Device device) {
   SiglipVisionModel model(config);
   nn::load_module(*model, store, siglip_load_rules(), dtype, device);
+  nn::use_gemm_layout(*model);  // fp32 on the CPU: the weights as oneDNN's GEMM reads them (cpu_linear.h)
   return model;
 }
 
