@@ -1,6 +1,7 @@
 #include "io/redux_dir.h"
 
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,9 @@ namespace fluxmpi::io {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Sides beyond any SigLIP checkpoint (384 px for Redux): keeps the patch counts far from overflow.
+constexpr int64_t kMaxSide = 65536;
 
 // A number or a list of `count` numbers (transformers accepts both for image_mean / image_std).
 std::vector<double> number_or_list(const ConfigReader& r, const std::string& key, const std::vector<double>& fallback,
@@ -38,9 +42,9 @@ ConfigReader sub_reader(const ConfigReader& r, const std::string& key) {
 
 SiglipVisionConfig parse_siglip_vision_config(const ConfigReader& reader) {
   // SiglipConfig (text + vision) keeps the vision tower's fields under vision_config.
-  if (reader.string("model_type", "") == "siglip" && reader.has("vision_config"))
-    return parse_siglip_vision_config(sub_reader(reader, "vision_config"));
-  const ConfigReader& r = reader;
+  std::optional<ConfigReader> nested;
+  if (reader.string("model_type", "") == "siglip" && reader.has("vision_config")) nested.emplace(sub_reader(reader, "vision_config"));
+  const ConfigReader& r = nested ? *nested : reader;
   const std::string type = r.string("model_type", "siglip_vision_model");
   if (type != "siglip_vision_model")
     r.fail("model_type", str_cat("must be \"siglip_vision_model\" (a SigLIP vision tower), got \"", type, "\""));
@@ -56,6 +60,7 @@ SiglipVisionConfig parse_siglip_vision_config(const ConfigReader& reader) {
   c.layer_norm_eps = r.positive_number("layer_norm_eps", c.layer_norm_eps);
   if (c.hidden_size % c.num_attention_heads != 0)
     r.fail("hidden_size", str_cat("(", c.hidden_size, ") must be divisible by num_attention_heads (", c.num_attention_heads, ")"));
+  if (c.image_size > kMaxSide) r.fail("image_size", str_cat("must be at most ", kMaxSide, ", got ", c.image_size));
   if (c.patch_size > c.image_size)
     r.fail("patch_size", str_cat("(", c.patch_size, ") is larger than image_size (", c.image_size, ")"));
   if (c.num_channels != 3)
@@ -72,6 +77,8 @@ SiglipProcessorConfig parse_siglip_processor_config(const ConfigReader& r) {
                              r.json().at("size").dump()));
     c.height = size.positive("height", c.height);
     c.width = size.positive("width", c.width);
+    if (c.height > kMaxSide || c.width > kMaxSide)
+      r.fail("size", str_cat("must be at most ", kMaxSide, " pixels a side, got ", c.height, "x", c.width));
   }
   const int64_t resample = r.integer("resample", static_cast<int64_t>(c.resample), 0);
   if (resample != static_cast<int64_t>(Resample::Bicubic) && resample != static_cast<int64_t>(Resample::Lanczos))
