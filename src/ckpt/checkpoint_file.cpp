@@ -268,6 +268,14 @@ void CheckpointFile::validate_image(int64_t i) {
   }
   a.condition_height = int_or("condition_height", 0);
   a.condition_width = int_or("condition_width", 0);
+  // FLUX.1 Redux came later: a file without the attribute has none.
+  if (h5::has_attribute(g.get(), "redux")) {
+    auto redux = redux_from_json(h5::read_string_attribute(g.get(), "redux", group_where));
+    if (!redux)
+      throw CheckpointError(str_cat(group_where, ": attribute 'redux' is not a JSON object of {\"model\", \"images\", "
+                                                 "\"prompt_embeds_scale\", \"pooled_prompt_embeds_scale\", \"image_tokens\", \"text\"}"));
+    a.redux = std::move(*redux);
+  }
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

@@ -40,8 +40,10 @@ TextEmbeddings CheckpointReader::text(int64_t image) const {
     return t;
   }
   t.pooled_prompt_embeds = file_->read(image, "text/pooled_prompt_embeds");
-  t.clip_input_ids = file_->read(image, "text/clip_input_ids").to(at::kLong);
-  t.t5_input_ids = file_->read(image, "text/t5_input_ids").to(at::kLong);
+  if (shape(image).token_ids) {  // Redux without a prompt stores no ids
+    t.clip_input_ids = file_->read(image, "text/clip_input_ids").to(at::kLong);
+    t.t5_input_ids = file_->read(image, "text/t5_input_ids").to(at::kLong);
+  }
   if (shape(image).true_cfg) {
     t.negative_prompt_embeds = file_->read(image, "text/negative_prompt_embeds");
     t.negative_pooled_prompt_embeds = file_->read(image, "text/negative_pooled_prompt_embeds");

@@ -32,10 +32,10 @@ class CheckpointFile;
 /// What stage 1 produced for one image. Float tensors are float32, ids int64 (as the tokenizers
 /// and embedding layers use them); the negative_* tensors are undefined unless true CFG.
 struct TextEmbeddings {
-  at::Tensor prompt_embeds;                  ///< [S, joint_attention_dim]
+  at::Tensor prompt_embeds;                  ///< [S, joint_attention_dim] (Redux: S = max_sequence_length + its tokens)
   at::Tensor pooled_prompt_embeds;           ///< [pooled_projection_dim]
-  at::Tensor clip_input_ids;                 ///< [77]
-  at::Tensor t5_input_ids;                   ///< [S]
+  at::Tensor clip_input_ids;                 ///< [77] (undefined for Redux without a prompt)
+  at::Tensor t5_input_ids;                   ///< [max_sequence_length] (idem)
   at::Tensor negative_prompt_embeds;         ///< [S, joint_attention_dim] or undefined
   at::Tensor negative_pooled_prompt_embeds;  ///< [pooled_projection_dim] or undefined
   // FLUX.2 (family flux2) instead of the CLIP/T5/pooled tensors above:

@@ -270,6 +270,7 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
       h5::write_attribute(g.get(), (name + "_height").c_str(), in->height, where);
       h5::write_attribute(g.get(), (name + "_width").c_str(), in->width, where);
     }
+    if (a.redux.enabled()) h5::write_attribute(g.get(), "redux", redux_to_json(a.redux), where);
     if (a.condition_height > 0) {
       h5::write_attribute(g.get(), "condition_height", a.condition_height, where);
       h5::write_attribute(g.get(), "condition_width", a.condition_width, where);
@@ -463,8 +464,10 @@ void CheckpointWriter::write_text(int64_t i, const TextEmbeddings& text) {
     return;
   }
   m.write_whole(i, "text/pooled_prompt_embeds", text.pooled_prompt_embeds, at::kFloat, H5T_NATIVE_FLOAT);
-  m.write_whole(i, "text/clip_input_ids", text.clip_input_ids, at::kInt, H5T_NATIVE_INT32);
-  m.write_whole(i, "text/t5_input_ids", text.t5_input_ids, at::kInt, H5T_NATIVE_INT32);
+  if (m.file->shape(i).token_ids) {  // Redux without a prompt has none
+    m.write_whole(i, "text/clip_input_ids", text.clip_input_ids, at::kInt, H5T_NATIVE_INT32);
+    m.write_whole(i, "text/t5_input_ids", text.t5_input_ids, at::kInt, H5T_NATIVE_INT32);
+  }
   bool cfg = m.file->shape(i).true_cfg;
   bool given = text.negative_prompt_embeds.defined() || text.negative_pooled_prompt_embeds.defined();
   if (cfg != given)

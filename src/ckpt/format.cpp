@@ -93,6 +93,25 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
     if (v < 1) throw CheckpointError(str_cat(where, ": attribute '", name, "' must be positive, got ", v));
   ImageShape s;
   s.text_tokens = image.max_sequence_length;
+  s.prompt_tokens = image.max_sequence_length;
+  if (image.redux.enabled()) {
+    const auto& r = image.redux;
+    if (image.family != "flux1" || uses_true_cfg(image))
+      throw CheckpointError(str_cat(where, ": attribute 'redux': Redux images are FLUX.1 images without true CFG"));
+    if (r.images.empty() || r.prompt_scales.size() != r.images.size() || r.pooled_scales.size() != r.images.size() ||
+        r.image_tokens <= 0)
+      throw CheckpointError(str_cat(where, ": attribute 'redux' needs at least one image, one scale of each kind per "
+                                           "image and a positive image_tokens"));
+    s.text_tokens += r.image_tokens;
+    s.token_ids = !r.zero_text;
+    s.redux_images = static_cast<int64_t>(r.images.size());
+    s.redux_tokens = r.image_tokens;
+    for (const auto& in : r.images) {
+      if (in.height <= 0 || in.width <= 0)
+        throw CheckpointError(str_cat(where, ": attribute 'redux': image '", in.path, "' has no size"));
+      s.redux_hw.emplace_back(in.height, in.width);
+    }
+  }
   s.joint_attention_dim = config.joint_attention_dim;
   s.pooled_projection_dim = config.pooled_projection_dim;
   s.latent_height = image.height / f;
@@ -156,9 +175,16 @@ std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
     }
   } else {
     specs.push_back({"text/pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false});
-    specs.push_back({"text/clip_input_ids", T::Int32, {kClipTokens}, false});
-    specs.push_back({"text/t5_input_ids", T::Int32, {s.text_tokens}, false});
+    if (s.token_ids) {
+      specs.push_back({"text/clip_input_ids", T::Int32, {kClipTokens}, false});
+      specs.push_back({"text/t5_input_ids", T::Int32, {s.prompt_tokens}, false});
+    }
   }
+  // Redux: each image's tokens from the embedder (before the scales), and the images as decoded.
+  if (s.redux_images > 0)
+    specs.push_back({"text/redux_image_embeds", T::Float32, {s.redux_images, s.redux_tokens, s.joint_attention_dim}, false});
+  for (size_t k = 0; k < s.redux_hw.size(); ++k)
+    specs.push_back({str_cat("inputs/redux_image_", k), T::UInt8, {s.redux_hw[k].first, s.redux_hw[k].second, 3}, false});
   if (s.true_cfg && !s.flux2) {
     specs.push_back({"text/negative_prompt_embeds", T::Float32, {s.text_tokens, s.joint_attention_dim}, false});
     specs.push_back({"text/negative_pooled_prompt_embeds", T::Float32, {s.pooled_projection_dim}, false});
@@ -281,6 +307,19 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     }
     d.field(w, "condition_height", s.condition_height, r.condition_height);
     d.field(w, "condition_width", s.condition_width, r.condition_width);
+    d.field(w, "redux model", s.redux.model, r.redux.model);
+    d.field(w, "number of redux images", static_cast<int64_t>(s.redux.images.size()),
+            static_cast<int64_t>(r.redux.images.size()));
+    for (size_t k = 0; k < s.redux.images.size() && k < r.redux.images.size(); ++k) {
+      const auto &a = s.redux.images[k], &b = r.redux.images[k];
+      d.field(w, str_cat("redux image ", k).c_str(), a.path, b.path);
+      d.field(w, str_cat("redux image ", k, " size").c_str(), std::vector<int64_t>{a.height, a.width},
+              std::vector<int64_t>{b.height, b.width});
+      d.field(w, str_cat("redux prompt scale ", k).c_str(), s.redux.prompt_scales[k], r.redux.prompt_scales[k]);
+      d.field(w, str_cat("redux pooled scale ", k).c_str(), s.redux.pooled_scales[k], r.redux.pooled_scales[k]);
+    }
+    d.field(w, "redux image tokens", s.redux.image_tokens, r.redux.image_tokens);
+    d.field(w, "redux zero text", s.redux.zero_text, r.redux.zero_text);
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

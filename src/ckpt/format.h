@@ -4,7 +4,9 @@
 /// `--resume` makes between a checkpoint and the command line. Torch- and HDF5-free.
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/configs.h"
@@ -87,7 +89,22 @@ struct ImageAttributes {
   Input image, mask, control_image;
   /// Kontext: the size the reference image is encoded at (pixels); 0 without one.
   int64_t condition_height = 0, condition_width = 0;
+  /// FLUX.1 Redux (docs/redux.md): what FluxPriorReduxPipeline made the text stream from. Stored as
+  /// the JSON attribute `redux`; files without it have no Redux.
+  struct Redux {
+    std::string model;           ///< the --redux-model folder (absolute); empty: no Redux
+    std::vector<Input> images;   ///< --redux-image files as given and decoded, in order
+    std::vector<double> prompt_scales, pooled_scales;  ///< one per image (prompt_embeds_scale, pooled_...)
+    int64_t image_tokens = 0;    ///< tokens the images append to the text (the encoder's patches)
+    bool zero_text = false;      ///< no prompt: the prior's zero text (no CLIP/T5 ids are stored)
+    bool enabled() const { return !model.empty(); }
+  } redux;
 };
+/// The `redux` attribute's JSON ({"model", "images": [{"path", "height", "width"}], "prompt_embeds_scale",
+/// "pooled_prompt_embeds_scale", "image_tokens", "text": "prompt" | "zeros"}) and back; nullopt when
+/// the text is not such an object.
+std::string redux_to_json(const ImageAttributes::Redux& redux);
+std::optional<ImageAttributes::Redux> redux_from_json(const std::string& text);
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
 /// effective scale (diffusers runs true CFG when the scale is > 1 and a negative prompt, possibly
@@ -97,7 +114,12 @@ bool uses_true_cfg(const ImageAttributes& attributes);
 
 /// Sizes of the datasets of one image group, all implied by the attributes.
 struct ImageShape {
-  int64_t text_tokens = 0;            ///< S = max_sequence_length
+  int64_t text_tokens = 0;            ///< S = max_sequence_length (+ the Redux image tokens)
+  int64_t prompt_tokens = 0;          ///< the T5 ids' length: max_sequence_length
+  bool token_ids = true;              ///< the CLIP/T5 ids are stored (not for Redux's zero text)
+  int64_t redux_images = 0;           ///< Redux: images (inputs/redux_image_<k>, text/redux_image_embeds)
+  int64_t redux_tokens = 0;           ///< Redux: tokens per image
+  std::vector<std::pair<int64_t, int64_t>> redux_hw;  ///< Redux: each image's decoded size
   int64_t joint_attention_dim = 0;
   int64_t pooled_projection_dim = 0;
   int64_t latent_height = 0;          ///< h = height / vae_scale_factor

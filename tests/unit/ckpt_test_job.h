@@ -66,7 +66,7 @@ inline TextEmbeddings text_of(const ImageShape& s, int64_t image) {
   t.prompt_embeds = pattern({s.text_tokens, s.joint_attention_dim}, 1, image, 0);
   t.pooled_prompt_embeds = pattern({s.pooled_projection_dim}, 2, image, 0);
   t.clip_input_ids = at::arange(kClipTokens, at::kLong) + 49000 + image;
-  t.t5_input_ids = at::arange(s.text_tokens, at::kLong) * 7 + image;
+  t.t5_input_ids = at::arange(s.prompt_tokens, at::kLong) * 7 + image;
   if (s.true_cfg) {
     t.negative_prompt_embeds = pattern({s.text_tokens, s.joint_attention_dim}, 3, image, 0);
     t.negative_pooled_prompt_embeds = pattern({s.pooled_projection_dim}, 4, image, 0);
