@@ -68,6 +68,18 @@ SiglipVisionConfig parse_siglip_vision_config(const ConfigReader& reader) {
   return c;
 }
 
+int64_t SiglipVisionConfig::parameters() const {
+  const int64_t D = hidden_size, F = intermediate_size, p = patch_size;
+  const int64_t embeddings = D * num_channels * p * p + D + num_positions() * D;
+  const int64_t layer = 4 * (D * D + D) + 2 * D * F + F + D + 2 * 2 * D;  // attention, MLP, two LayerNorms
+  return embeddings + num_hidden_layers * layer + 2 * D;                  // + post_layernorm
+}
+
+int64_t ReduxEmbedderConfig::parameters() const {
+  const int64_t up = 3 * txt_in_features;
+  return redux_dim * up + up + up * txt_in_features + txt_in_features;
+}
+
 SiglipProcessorConfig parse_siglip_processor_config(const ConfigReader& r) {
   SiglipProcessorConfig c;
   if (r.has("size")) {

@@ -31,6 +31,8 @@ struct SiglipVisionConfig {
   /// Patches of the position table: (image_size // patch_size)^2.
   int64_t num_positions() const { return (image_size / patch_size) * (image_size / patch_size); }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Parameters fluxmpi loads: everything but the attention-pooling head.
+  int64_t parameters() const;
 };
 SiglipVisionConfig parse_siglip_vision_config(const ConfigReader& reader);
 
@@ -56,6 +58,7 @@ SiglipProcessorConfig parse_siglip_processor_config(const ConfigReader& reader);
 struct ReduxEmbedderConfig {
   int64_t redux_dim = 1152;
   int64_t txt_in_features = 4096;
+  int64_t parameters() const;
 };
 ReduxEmbedderConfig parse_redux_embedder_config(const ConfigReader& reader);
 

@@ -85,6 +85,14 @@ StageEstimate CostModel::estimate(int rank, int64_t first, int64_t last) const {
       e.peak_stage = "encode images";
     }
   }
+  if (rank == 0 && r_.redux_encode_bytes > 0) {
+    // After the text encoders, before the blocks: SigLIP and the Redux embedder alone.
+    e.redux_encode_bytes = kRuntimeBaselineBytes + r_.redux_encode_bytes + job_bytes_;
+    if (e.redux_encode_bytes > e.peak_bytes) {
+      e.peak_bytes = e.redux_encode_bytes;
+      e.peak_stage = "encode redux";
+    }
+  }
   if (rank == 0 && r_.vae) {
     e.decode_bytes = resident + job_bytes_ + vae_weight_bytes_ + vae_activation_bytes_;
     if (e.decode_bytes > e.peak_bytes) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "parallel/param_formulas.h"
 #include "parallel/partition.h"
 
 namespace fluxmpi::parallel {
@@ -55,6 +56,22 @@ EncodeStage vae_encode_stage(const io::VaeConfig& v, bool use_quant_conv, int64_
     bytes += static_cast<uint64_t>(kScoreTensors * rows * row);
   }
   s.activation_bytes = bytes;
+  return s;
+}
+
+EncodeStage redux_encode_stage(const io::SiglipVisionConfig& e, const io::ReduxEmbedderConfig& m, int64_t images,
+                               int64_t dtype_bytes, int64_t attention_chunk_bytes) {
+  EncodeStage s;
+  const int64_t b = dtype_bytes, L = e.num_positions();
+  s.weight_bytes = static_cast<uint64_t>((e.parameters() + m.parameters()) * b);
+  // An encoder layer: the stream's tensors, the MLP's two [L, F], the scores; the pixels beside.
+  const uint64_t encoder = static_cast<uint64_t>(kTextStreamTensors * L * e.hidden_size * b +
+                                                 kMlpTensors * L * e.intermediate_size * b +
+                                                 e.num_channels * e.image_size * e.image_size * 4) +
+                           kScoreTensors * detail::score_chunk_bytes(e.num_attention_heads, L, L, b, attention_chunk_bytes);
+  // The embedder: its input and the [L, 3T] hidden layer before and after the SiLU.
+  const uint64_t embedder = static_cast<uint64_t>((L * m.redux_dim + 2 * L * 3 * m.txt_in_features) * b);
+  s.activation_bytes = std::max(encoder, embedder) + static_cast<uint64_t>(images * L * m.txt_in_features * b);
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "io/configs.h"
+#include "io/redux_dir.h"
 
 namespace fluxmpi::parallel {
 
@@ -23,5 +24,11 @@ struct EncodeStage {
 /// `attention_chunk_bytes` bounds the mid-block attention's score chunks (models/vae).
 EncodeStage vae_encode_stage(const io::VaeConfig& config, bool use_quant_conv, int64_t height, int64_t width,
                              int64_t dtype_bytes, int64_t attention_chunk_bytes);
+
+/// FLUX.1 Redux's stage on rank 0 (docs/redux.md), between the text encoders and the blocks: the
+/// SigLIP encoder and the Redux embedder, run on one image at a time, and the embeddings of the
+/// job's `images` reference images they leave.
+EncodeStage redux_encode_stage(const io::SiglipVisionConfig& encoder, const io::ReduxEmbedderConfig& embedder,
+                               int64_t images, int64_t dtype_bytes, int64_t attention_chunk_bytes);
 
 }  // namespace fluxmpi::parallel

@@ -185,6 +185,9 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
                         r.keep_encoders ? ", kept resident" : ", freed before the blocks load", "), ");
     if (r.image_encode_bytes > 0)
       stages += str_cat("encode images ", format_bytes(e0.image_encode_bytes), " (VAE encoder, freed before the blocks load), ");
+    if (r.redux_encode_bytes > 0)
+      stages += str_cat("encode redux ", format_bytes(e0.redux_encode_bytes),
+                        " (SigLIP + Redux embedder, freed before the blocks load), ");
     stages += str_cat("denoise ", format_bytes(e0.denoise_bytes));
     if (r.vae) {
       std::string how;

@@ -121,10 +121,11 @@ struct StageEstimate {
   uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations + KV buffers
   uint64_t encode_bytes = 0;      ///< rank 0 while encoding prompts; 0 elsewhere
   uint64_t image_encode_bytes = 0;  ///< rank 0 while the VAE encodes input images; 0 elsewhere
+  uint64_t redux_encode_bytes = 0;  ///< rank 0 while SigLIP and the Redux embedder encode; 0 elsewhere
   uint64_t decode_bytes = 0;      ///< while decoding: rank 0, and the decode helpers (their slice freed); else 0
   uint64_t job_bytes = 0;         ///< rank 0: per-image buffers of the whole job (text embeddings, latents)
   uint64_t peak_bytes = 0;        ///< max over this rank's stages
-  const char* peak_stage = "denoise";  ///< "encode" | "encode images" | "denoise" | "decode"
+  const char* peak_stage = "denoise";  ///< "encode" | "encode images" | "encode redux" | "denoise" | "decode"
 };
 
 /// What a model family's blocks cost, when it is not FLUX.1 (parallel/flux2_costs.h for FLUX.2):
@@ -185,6 +186,8 @@ struct PlanRequest {
   /// Image inputs: rank 0's VAE encode stage, weights and activations of one input
   /// (parallel/encode_memory.h); 0 when the job encodes no image.
   uint64_t image_encode_bytes = 0;
+  /// FLUX.1 Redux: rank 0's SigLIP + embedder stage (parallel/encode_memory.h); 0 without Redux.
+  uint64_t redux_encode_bytes = 0;
 };
 
 /// Which blocks each rank runs, and what each rank is estimated to hold. Rank 0 owns the

@@ -45,6 +45,9 @@ std::string stage_over_budget(const PlanRequest& r, const CostModel& model, int 
   if (e.image_encode_bytes > budget)
     return str_cat("rank ", rank, " encode images: ", format_bytes(e.image_encode_bytes), " (the VAE encoder on one input)",
                    limit, "; raise the budget, pass --vae-tiling (the encoder tiles too) or use smaller inputs");
+  if (e.redux_encode_bytes > budget)
+    return str_cat("rank ", rank, " encode redux: ", format_bytes(e.redux_encode_bytes),
+                   " (the SigLIP encoder and the Redux embedder)", limit, "; raise the budget", dtype_advice(r));
   if (e.decode_bytes > budget)
     return str_cat("rank ", rank, " decode: ", format_bytes(e.decode_bytes), " (VAE activations ",
                    format_bytes(model.vae_activation_bytes()), r.vae_tiling ? ", tiled" : "", ")", limit, "; ",

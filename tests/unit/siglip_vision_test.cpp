@@ -59,7 +59,7 @@ TEST(SiglipVision, ParametersCarryTheTransformersKeys) {
                           "vision_model.encoder.layers.1.self_attn.q_proj.bias", "vision_model.encoder.layers.0.layer_norm1.weight",
                           "vision_model.encoder.layers.0.mlp.fc2.weight", "vision_model.post_layernorm.bias"})
     EXPECT_NE(std::find(names.begin(), names.end(), key), names.end()) << key;
-  EXPECT_EQ(count, siglip_vision_params(tiny_config()));
+  EXPECT_EQ(count, tiny_config().parameters());
 }
 
 TEST(SiglipVision, LoadsSkippingTheHeadAndRunsOnTheWholePatches) {
@@ -128,8 +128,8 @@ TEST(ReduxEmbedder, UpSiluDown) {
   EXPECT_TRUE(at::allclose(m->forward(x), want, 1e-5, 1e-6));
   int64_t count = 0;
   for (const auto& p : m->parameters()) count += p.numel();
-  EXPECT_EQ(count, redux_embedder_params(c));
-  EXPECT_EQ(redux_embedder_params({1152, 4096}), 64'503'808);  // FLUX.1-Redux-dev's image_embedder
+  EXPECT_EQ(count, c.parameters());
+  EXPECT_EQ((io::ReduxEmbedderConfig{1152, 4096}.parameters()), 64'503'808);  // FLUX.1-Redux-dev's image_embedder
 }
 
 // sum_i s_i * cat(text, image_i) with the scales rounded to the embeddings' dtype first.

@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
     const double emb_ms = best_ms(repeat, [&] { emb->forward(hidden); });
     std::printf("libtorch %s, %s, %d threads, best of %d; %lld image tokens, encoder %.1fM + embedder %.1fM parameters\n",
                 TORCH_VERSION, dtype_name.c_str(), threads, repeat, static_cast<long long>(hidden.size(1)),
-                siglip::siglip_vision_params(dir.encoder_config()) / 1e6,
-                siglip::redux_embedder_params(dir.embedder_config()) / 1e6);
+                dir.encoder_config().parameters() / 1e6,
+                dir.embedder_config().parameters() / 1e6);
     std::printf("siglip processor: %.2f ms\nsiglip encoder: %.1f ms\nredux embedder: %.1f ms\npeak rss: %s\n", proc_ms,
                 enc_ms, emb_ms, format_bytes(static_cast<int64_t>(peak_rss_bytes())).c_str());
   } catch (const Error& e) {

@@ -37,9 +37,4 @@ ReduxImageEncoder load_redux_embedder(const io::ReduxEmbedderConfig& config, con
   return model;
 }
 
-int64_t redux_embedder_params(const io::ReduxEmbedderConfig& c) {
-  const int64_t up = 3 * c.txt_in_features;
-  return c.redux_dim * up + up + up * c.txt_in_features + c.txt_in_features;
-}
-
 }  // namespace fluxmpi::siglip

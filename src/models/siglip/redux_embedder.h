@@ -29,6 +29,5 @@ ReduxImageEncoder load_redux_embedder(const io::ReduxEmbedderConfig& config, con
                                       at::ScalarType dtype, at::Device device);
 /// What load_redux_embedder checks, from the safetensors headers alone.
 void check_redux_embedder_weights(const io::ReduxEmbedderConfig& config, const io::TensorStore& store);
-int64_t redux_embedder_params(const io::ReduxEmbedderConfig& config);
 
 }  // namespace fluxmpi::siglip

@@ -104,11 +104,4 @@ SiglipVisionModel load_siglip_vision_model(const io::SiglipVisionConfig& config,
   return model;
 }
 
-int64_t siglip_vision_params(const io::SiglipVisionConfig& c) {
-  const int64_t D = c.hidden_size, F = c.intermediate_size, p = c.patch_size;
-  const int64_t embeddings = D * c.num_channels * p * p + D + c.num_positions() * D;
-  const int64_t layer = 4 * (D * D + D) + 2 * (D * F) + F + D + 2 * 2 * D;
-  return embeddings + c.num_hidden_layers * layer + 2 * D;
-}
-
 }  // namespace fluxmpi::siglip

@@ -92,7 +92,5 @@ SiglipVisionModel load_siglip_vision_model(const io::SiglipVisionConfig& config,
                                            at::ScalarType dtype, at::Device device);
 /// What load_siglip_vision_model checks, from the safetensors headers alone.
 void check_siglip_vision_weights(const io::SiglipVisionConfig& config, const io::TensorStore& store);
-/// Parameters of the encoder as built (head excluded): what the planner counts.
-int64_t siglip_vision_params(const io::SiglipVisionConfig& config);
 
 }  // namespace fluxmpi::siglip
