@@ -1,7 +1,8 @@
 // FLUX.1 Redux end to end in one process against the redux fixtures (cases of kind
 // redux_pipeline): FluxPriorReduxPipeline (the text side from fluxmpi's text encoders or zeros; the
 // images through the SigLIP processor, encoder and Redux embedder; scales, concatenation, the sum
-// over images) and then FluxPipeline on those embeddings with the step loop fluxmpi runs: the
+// over images; pipeline/redux_stage.h, rank 0's stage) and then FluxPipeline on those embeddings
+// with the step loop fluxmpi runs: the
 // prior's output, the initial noise (bit for bit), every step's noise prediction and latents, the
 // final latents (kTolPipelineFp32 = 1e-4 relative) and the image (every pixel within +-1 of the
 // reference PNG, at least 99 % identical).
@@ -11,10 +12,9 @@
 #include <fstream>
 
 #include "io/redux_dir.h"
-#include "models/siglip/redux_embedder.h"
 #include "models/siglip/redux_prior.h"
 #include "models/siglip/siglip_processor.h"
-#include "models/siglip/siglip_vision.h"
+#include "pipeline/redux_stage.h"
 #include "pipeline_case.h"
 #include "support/subtree_cases.h"
 
@@ -67,21 +67,17 @@ TEST_P(ReduxPipelineParity, WholeRunMatchesDiffusers) {
   test::expect_close(where + "text side prompt_embeds", text, ref.get("in_text_prompt_embeds"), test::kTolPipelineFp32);
   test::expect_close(where + "text side pooled", pooled, ref.get("in_text_pooled"), test::kTolPipelineFp32);
 
-  // The prior's image side, all images as one batch as the prior runs them.
+  // The prior's image side (rank 0's Redux stage, one image at a time; the prior runs them as one batch).
   const io::ReduxDir redux(c.model_dir);
+  std::vector<io::Image8> images;
   std::vector<at::Tensor> pixels;
-  for (const auto& f : call.at("redux_images"))
-    pixels.push_back(siglip::siglip_preprocess(io::read_image(c.subtree + "/" + f.get<std::string>()),
-                                               redux.processor_config()).pixel_values);
-  const at::Tensor pixel_values = at::cat(pixels, 0);
-  test::expect_identical(where + "pixel_values", pixel_values, ref.get("pixel_values"));
-  const siglip::SiglipVisionModel enc =
-      siglip::load_siglip_vision_model(redux.encoder_config(), redux.open_weights("image_encoder"), at::kFloat, at::kCPU);
-  const siglip::ReduxImageEncoder emb =
-      siglip::load_redux_embedder(redux.embedder_config(), redux.open_weights("image_embedder"), at::kFloat, at::kCPU);
-  const at::Tensor hidden = enc->forward(pixel_values).last_hidden_state;
-  test::expect_close(where + "last_hidden_state", hidden, ref.get("last_hidden_state"), test::kTolFp32);
-  const at::Tensor image_embeds = emb->forward(hidden);
+  for (const auto& f : call.at("redux_images")) {
+    images.push_back(io::read_image(c.subtree + "/" + f.get<std::string>()));
+    pixels.push_back(siglip::siglip_preprocess(images.back(), redux.processor_config()).pixel_values);
+  }
+  test::expect_identical(where + "pixel_values", at::cat(pixels, 0), ref.get("pixel_values"));
+  check_redux(redux, tc, "transformer/config.json");
+  const at::Tensor image_embeds = ReduxEncoder(redux, at::kFloat, at::kCPU).encode(images);
   test::expect_close(where + "image_embeds", image_embeds, ref.get("image_embeds"), test::kTolFp32);
 
   // The prior's arithmetic, first on the reference's own inputs, then on ours.
@@ -94,7 +90,8 @@ TEST_P(ReduxPipelineParity, WholeRunMatchesDiffusers) {
                      ref.get("prompt_embeds")[0], test::kTolFp32);
   test::expect_close(where + "pooled_prompt_embeds (prior on the reference inputs)", on_ref.pooled,
                      ref.get("pooled_prompt_embeds")[0], test::kTolFp32);
-  const siglip::ReduxPrompt prior = siglip::redux_prompt(text, pooled, image_embeds, ps, qs);
+  const siglip::ReduxPrompt prior = redux_text(call.contains("prompt") ? text : at::Tensor(),
+                                               call.contains("prompt") ? pooled : at::Tensor(), msl, tc, image_embeds, ps, qs);
   test::expect_close(where + "prompt_embeds", prior.prompt_embeds, ref.get("prompt_embeds")[0], test::kTolPipelineFp32);
   test::expect_close(where + "pooled_prompt_embeds", prior.pooled, ref.get("pooled_prompt_embeds")[0],
                      test::kTolPipelineFp32);
