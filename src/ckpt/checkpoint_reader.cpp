@@ -44,6 +44,7 @@ TextEmbeddings CheckpointReader::text(int64_t image) const {
     t.clip_input_ids = file_->read(image, "text/clip_input_ids").to(at::kLong);
     t.t5_input_ids = file_->read(image, "text/t5_input_ids").to(at::kLong);
   }
+  if (shape(image).redux_images > 0) t.redux_image_embeds = file_->read(image, "text/redux_image_embeds");
   if (shape(image).true_cfg) {
     t.negative_prompt_embeds = file_->read(image, "text/negative_prompt_embeds");
     t.negative_pooled_prompt_embeds = file_->read(image, "text/negative_pooled_prompt_embeds");

@@ -43,6 +43,9 @@ struct TextEmbeddings {
   at::Tensor attention_mask;                 ///< [S] 1 = real token
   at::Tensor negative_input_ids;             ///< [S] or undefined
   at::Tensor negative_attention_mask;        ///< [S] or undefined
+  // FLUX.1 Redux (attribute `redux`): what the prior made the text from.
+  at::Tensor redux_image_embeds;             ///< [N, L, joint_attention_dim]: each image's tokens, unscaled
+  std::vector<at::Tensor> redux_images;      ///< written only: N [h, w, 3] uint8, the images as decoded
 };
 
 /// The changing part of an image group.

@@ -468,6 +468,16 @@ void CheckpointWriter::write_text(int64_t i, const TextEmbeddings& text) {
     m.write_whole(i, "text/clip_input_ids", text.clip_input_ids, at::kInt, H5T_NATIVE_INT32);
     m.write_whole(i, "text/t5_input_ids", text.t5_input_ids, at::kInt, H5T_NATIVE_INT32);
   }
+  const int64_t redux = m.file->shape(i).redux_images;
+  if (redux > 0) {
+    if (static_cast<int64_t>(text.redux_images.size()) != redux)
+      throw InternalError(str_cat("checkpoint: ", image_group(i), ": ", text.redux_images.size(), " Redux images given, ",
+                                  redux, " expected"));
+    m.write_whole(i, "text/redux_image_embeds", text.redux_image_embeds, at::kFloat, H5T_NATIVE_FLOAT);
+    for (int64_t k = 0; k < redux; ++k)
+      m.write_whole(i, str_cat("inputs/redux_image_", k), text.redux_images[static_cast<size_t>(k)], at::kByte,
+                    H5T_NATIVE_UINT8);
+  }
   bool cfg = m.file->shape(i).true_cfg;
   bool given = text.negative_prompt_embeds.defined() || text.negative_pooled_prompt_embeds.defined();
   if (cfg != given)

@@ -79,14 +79,14 @@ TEST(CheckpointRedux, AttributesAndDatasetsRoundTrip) {
   const std::string path = dir.path("run.h5");
   const Job job = redux_job();
   const at::Tensor a = (at::arange(30 * 20 * 3, at::kInt) % 251).to(at::kByte).reshape({30, 20, 3});
+  const at::Tensor b = (at::arange(12 * 40 * 3, at::kInt) % 13).to(at::kByte).reshape({12, 40, 3});
   const at::Tensor embeds = pattern({2, 9, 32}, 9, 0, 0);
   {
     CheckpointWriter w = CheckpointWriter::create(path, job.file, job.images);
-    write_job(w);
-    for (int64_t i = 0; i < 2; ++i) {
-      w.write_condition(i, "inputs/redux_image_0", a);
-      w.write_condition(i, "text/redux_image_embeds", embeds);
-    }
+    write_job(w, 1, [&](TextEmbeddings& t) {
+      t.redux_image_embeds = embeds;
+      t.redux_images = {a, b};
+    });
     w.close();
   }
   const CheckpointReader r = CheckpointReader::open(path);
@@ -101,8 +101,9 @@ TEST(CheckpointRedux, AttributesAndDatasetsRoundTrip) {
     EXPECT_EQ(got.image_tokens, 9);
     EXPECT_EQ(got.zero_text, i == 1);
     EXPECT_TRUE(fluxmpi::test::identical("inputs/redux_image_0", r.dataset(i, "inputs/redux_image_0"), a));
-    EXPECT_TRUE(fluxmpi::test::identical("text/redux_image_embeds", r.dataset(i, "text/redux_image_embeds"), embeds));
+    EXPECT_TRUE(fluxmpi::test::identical("inputs/redux_image_1", r.dataset(i, "inputs/redux_image_1"), b));
     const TextEmbeddings t = r.text(i);
+    EXPECT_TRUE(fluxmpi::test::identical("text/redux_image_embeds", t.redux_image_embeds, embeds));
     EXPECT_EQ(t.prompt_embeds.size(0), 25);
     EXPECT_EQ(t.t5_input_ids.defined(), i == 0);
   }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -91,9 +92,12 @@ inline io::RgbImage picture_of(const ImageShape& s, int64_t image) {
 }
 
 /// Stage 1 and the schedule of image i, then status "denoising".
-inline void write_prologue(CheckpointWriter& w, int64_t i) {
+inline void write_prologue(CheckpointWriter& w, int64_t i,
+                           const std::function<void(TextEmbeddings&)>& add_text = {}) {
   const ImageShape& s = w.contents().shape(i);
-  w.write_text(i, text_of(s, i));
+  TextEmbeddings t = text_of(s, i);
+  if (add_text) add_text(t);
+  w.write_text(i, t);
   at::Tensor sigmas = sigmas_of(s);
   w.write_schedule(i, sigmas.slice(0, 0, s.steps) * 1000, sigmas);
   w.write_initial(i, step_latents(s, i, -1));
@@ -101,10 +105,10 @@ inline void write_prologue(CheckpointWriter& w, int64_t i) {
 }
 
 /// The whole job: every `every`-th step (and always the last), the image, status "decoded".
-inline void write_job(CheckpointWriter& w, int64_t every = 1) {
+inline void write_job(CheckpointWriter& w, int64_t every = 1, const std::function<void(TextEmbeddings&)>& add_text = {}) {
   for (int64_t i = 0; i < w.num_images(); ++i) {
     const ImageShape& s = w.contents().shape(i);
-    write_prologue(w, i);
+    write_prologue(w, i, add_text);
     for (int64_t k = 0; k < s.steps; ++k)
       if ((k + 1) % every == 0 || k == s.steps - 1) w.append_step(i, k, step_latents(s, i, k), step_noise(s, i, k));
     w.write_image(i, picture_of(s, i));
