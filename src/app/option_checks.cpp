@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 
 #include "app/paths.h"
@@ -99,6 +101,59 @@ void check_loras(const Settings& s, RunConfig& c) {
   }
 }
 
+namespace {
+
+// "1,0.6": one finite number per comma-separated field.
+std::vector<double> scale_list(const Settings& s, const char* name) {
+  std::vector<double> out;
+  if (!s.has(name)) return out;
+  const std::string text = s.text(name);
+  size_t begin = 0;
+  while (true) {
+    const size_t end = text.find(',', begin);
+    const std::string field = text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    double v = 0;
+    auto [ptr, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    if (field.empty() || ec != std::errc() || ptr != field.data() + field.size() || !std::isfinite(v))
+      s.fail(name, str_cat("must be a number or comma-separated numbers (one per --redux-image), got '", text, "'"));
+    out.push_back(v);
+    if (end == std::string::npos) return out;
+    begin = end + 1;
+  }
+}
+
+}  // namespace
+
+void check_redux(const Settings& s, RunConfig& c) {
+  std::error_code ec;
+  for (const Settings::Value& v : s.list("redux-image")) {
+    if (v.text.empty()) s.fail(v, "redux-image", "must not be empty");
+    c.redux_images.push_back(fs::absolute(v.text, ec).lexically_normal().string());
+  }
+  c.redux_prompt_scales = scale_list(s, "redux-prompt-scale");
+  c.redux_pooled_scales = scale_list(s, "redux-pooled-scale");
+  if (!s.has("redux-model")) {
+    for (const char* name : {"redux-image", "redux-prompt-scale", "redux-pooled-scale"})
+      if (s.has(name) && !s.has("resume"))
+        s.fail(name, "needs --redux-model (the FLUX.1 Redux folder whose encoders read the images)");
+    return;
+  }
+  c.redux_model = s.text("redux-model");
+  if (c.redux_model.empty()) s.fail("redux-model", "must not be empty");
+  if (!fs::exists(c.redux_model, ec)) s.fail("redux-model", str_cat("'", c.redux_model, "': not found"));
+  if (!fs::is_directory(c.redux_model, ec))
+    s.fail("redux-model", str_cat("'", c.redux_model, "': not a folder (a diffusers FluxPriorReduxPipeline folder such as "
+                                  "FLUX.1-Redux-dev)"));
+  c.redux_model = fs::absolute(c.redux_model, ec).lexically_normal().string();
+  if (c.redux_images.empty() && !s.has("resume"))
+    s.fail("redux-model", "needs at least one --redux-image (the reference images it encodes)");
+  for (auto [name, list] : {std::pair<const char*, const std::vector<double>*>{"redux-prompt-scale", &c.redux_prompt_scales},
+                            {"redux-pooled-scale", &c.redux_pooled_scales}})
+    if (list->size() > 1 && list->size() != c.redux_images.size())
+      s.fail(name, str_cat("gives ", list->size(), " scales for ", c.redux_images.size(),
+                           " --redux-image: give one for every image or one per image"));
+}
+
 void check_prompts(const Settings& s, RunConfig& c) {
   if (s.has("prompt") && s.has("prompts-file"))
     throw UsageError("--prompt and --prompts-file cannot be used together: give one prompt or a file of prompts");
@@ -110,6 +165,10 @@ void check_prompts(const Settings& s, RunConfig& c) {
     PromptsFile file = read_prompts_or_json_lines(c.prompts_file);
     c.prompts = std::move(file.prompts);
     c.prompt_inputs = std::move(file.inputs);
+  } else if (!c.redux_model.empty() && !s.has("resume")) {
+    // FluxPriorReduxPipeline without text encoders: the image tokens follow zeros.
+    c.prompts = {""};
+    c.redux_zero_text = true;
   } else if (!s.has("resume") && !s.flag("dry-run")) {
     throw UsageError("no prompt: give --prompt TEXT or --prompts-file FILE");
   }

@@ -18,6 +18,9 @@ void check_model(const Settings& s, RunConfig& c);
 void check_image_inputs(const Settings& s, RunConfig& c);
 /// --lora FILE[:SCALE], each file present, absolute.
 void check_loras(const Settings& s, RunConfig& c);
+/// FLUX.1 Redux: the folder, the images (absolute paths) and the scales; the Redux options need
+/// --redux-model and it needs an image. The files' contents are read by prepare_run.
+void check_redux(const Settings& s, RunConfig& c);
 /// --prompt / --prompts-file (read here), --prompt-2, --negative-prompt.
 void check_prompts(const Settings& s, RunConfig& c);
 /// -o, --checkpoint and --resume: writable folders, no file overwritten.

@@ -66,6 +66,17 @@ const std::vector<Spec> kSpecs = {
      "Kontext: the output's pixel count; its aspect is the requested --width/--height's (1024x1024 when not given)", false},
     {"no-auto-resize", 0, Group::Images, Kind::Flag, nullptr, nullptr,
      "Kontext: encode the image at its own size (floored to 16), not at the preferred Kontext resolution", false},
+    // FLUX.1 Redux (docs/redux.md): FluxPriorReduxPipeline before the FLUX.1 pipeline.
+    {"redux-model", 0, Group::Images, Kind::Text, "DIR", nullptr,
+     "FLUX.1 Redux folder (FluxPriorReduxPipeline, e.g. FLUX.1-Redux-dev): its SigLIP encoder and Redux embedder "
+     "append each --redux-image's tokens to the text (to zeros when no --prompt is given)", false},
+    {"redux-image", 0, Group::Images, Kind::Text, "FILE", nullptr,
+     "a reference image of --redux-model; repeatable: the images' embeddings are scaled and summed", false,
+     /*repeatable=*/true},
+    {"redux-prompt-scale", 0, Group::Images, Kind::Text, "S[,S...]", nullptr,
+     "diffusers' prompt_embeds_scale: one scale for every --redux-image or one per image (default 1)", false},
+    {"redux-pooled-scale", 0, Group::Images, Kind::Text, "S[,S...]", nullptr,
+     "diffusers' pooled_prompt_embeds_scale: one scale for every --redux-image or one per image (default 1)", false},
 
     {"device", 0, Group::Parallel, Kind::Text, "cpu|cuda", "cpu", "rank r uses cuda:<local rank mod GPUs>, or the CPU", false},
     {"threads", 0, Group::Parallel, Kind::Integer, "N", "0", "CPU threads per rank; 0 = max(1, cores of the node / ranks on it)", false},

@@ -75,6 +75,7 @@ RunConfig validate(const Settings& s) {
   check_model(s, c);
   check_loras(s, c);
   check_image_inputs(s, c);
+  check_redux(s, c);
   check_prompts(s, c);
   check_output_and_checkpoints(s, c);
   return c;

@@ -73,6 +73,15 @@ struct RunConfig {
   std::optional<int64_t> max_area; ///< Kontext: --max-area (default 1024 x 1024)
   bool no_auto_resize = false;     ///< Kontext: --no-auto-resize
 
+  // FLUX.1 Redux (docs/redux.md): absolute paths, empty when not given.
+  std::string redux_model;                ///< --redux-model: a FluxPriorReduxPipeline folder
+  std::vector<std::string> redux_images;  ///< --redux-image, repeatable, in order
+  /// --redux-prompt-scale / --redux-pooled-scale: one value for every image or one per image;
+  /// empty: 1 (diffusers' prompt_embeds_scale, pooled_prompt_embeds_scale).
+  std::vector<double> redux_prompt_scales, redux_pooled_scales;
+  /// Redux without --prompt: the prior's zero text (no text encoder runs); the job's prompt is "".
+  bool redux_zero_text = false;
+
   // Output.
   std::string output;         ///< -o pattern; empty = fluxmpi.png / fluxmpi-{i}.png (see image_output_path)
   std::string checkpoint;     ///< --checkpoint: a new HDF5 file to create; empty = none

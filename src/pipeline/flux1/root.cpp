@@ -17,6 +17,7 @@
 #include "pipeline/flux1/image_inputs.h"
 #include "pipeline/flux1/image_stage.h"
 #include "pipeline/flux1/loras.h"
+#include "pipeline/flux1/redux.h"
 #include "pipeline/prepared_run.h"
 #include "pipeline/text_stage.h"
 
@@ -70,6 +71,8 @@ class Flux1Root : public FamilyRoot {
     RunConfig& c = run.config;
     if (checkpoint)
       fill_inputs_from_checkpoint(c, checkpoint->attributes(0), 2 * checkpoint->file().vae_scale_factor);
+    redux_ = ReduxJob::resolve(c, checkpoint);  // before the defaults: Redux's sequence length is 512
+    if (redux_ && checkpoint) redux_->check_unchanged(*checkpoint);
     const io::ModelDir& dir = *run.model;
     run.inputs = resolve_image_mode(c, dir);
     resolve_defaults(c, dir);
@@ -94,6 +97,7 @@ class Flux1Root : public FamilyRoot {
 
   void complete_attributes(const PreparedRun& run, size_t image, ckpt::ImageAttributes& a) const override {
     set_input_attributes(a, run.inputs, image);
+    if (redux_) a.redux = redux_->attributes();
   }
 
   void file_attributes(const PreparedRun& run, ckpt::FileAttributes& file) const override {
@@ -108,10 +112,10 @@ class Flux1Root : public FamilyRoot {
   void check_weights(PreparedRun& run) override {
     const RunConfig& c = run.config;
     const io::ModelDir& dir = *run.model;
-    dir.check_consistency(/*with_text=*/c.dry_run || run.any_encoding());
+    dir.check_consistency(/*with_text=*/c.dry_run || encodes_text(run));
     if (!c.dry_run) {
       dir.require(io::Component::Vae);
-      if (run.any_encoding()) {
+      if (encodes_text(run)) {
         dir.require(io::Component::TextEncoder);
         dir.require(io::Component::TextEncoder2);
       }
@@ -123,16 +127,18 @@ class Flux1Root : public FamilyRoot {
     if (c.dry_run) check_all_components(dir);
     else vae::check_vae_weights(dir);
     if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) vae::check_vae_encoder_weights(dir);
-    loras_ = check_loras(c.loras, dir, /*with_text=*/c.dry_run || run.any_encoding());
+    if (redux_ && (c.dry_run || run.any_encoding())) redux_->check_weights(dir);
+    loras_ = check_loras(c.loras, dir, /*with_text=*/c.dry_run || encodes_text(run));
   }
 
   void plan(const PreparedRun& run, parallel::PlanRequest& request) override {
     const RunConfig& c = run.config;
     const io::ModelDir& dir = *run.model;
-    if (c.dry_run || run.any_encoding()) {
+    if (c.dry_run || encodes_text(run)) {
       request.clip = dir.clip_config();
       request.t5 = dir.t5_config();
     }
+    if (redux_) redux_->plan(request, c.dry_run || run.any_encoding());
     request.vae = dir.vae_config();
     if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) {
       // Rank 0's encode stage: one input at a time, at the size it is encoded at.
@@ -154,10 +160,13 @@ class Flux1Root : public FamilyRoot {
                        " + activations ", format_bytes(encode_stage_->activation_bytes), " = ",
                        format_bytes(encode_stage_->total()), "\n");
     return job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
+           (redux_ ? redux_->describe() : std::string()) +
            dir.describe_sources() + run.pipelines_text + run.stages->table() + lora_table(loras_, *run.stages);
   }
 
   void check_predictable(const PreparedRun& run) const override {
+    if (redux_)
+      throw UsageError("--predict: the schedule model covers text-to-image jobs (tools/sim/README.md); this job runs FLUX.1 Redux");
     if (run.inputs.mode != PipelineMode::Text2Img)
       throw UsageError(str_cat("--predict: the schedule model covers text-to-image jobs (tools/sim/README.md); this job is ",
                                mode_name(run.inputs.mode)));
@@ -168,12 +177,23 @@ class Flux1Root : public FamilyRoot {
     plan.reference_height = run.inputs.condition.height / vae_scale;
     plan.reference_width = run.inputs.condition.width / vae_scale;
     plan.loras = run.config.loras;
+    if (redux_) plan.text_tokens += redux_->tokens();  // the images' tokens follow the prompt's
   }
 
   // Stage 1: CLIP and T5 (with the LoRAs' text-encoder parts) on each distinct (prompt, prompt_2).
   PromptStage encode_prompts(const PreparedRun& run, at::ScalarType dtype, at::Device device,
                              PromptEmbeddings& out) override {
-    TextEncoders encoders(*run.model, dtype, device, loras_.files);
+    if (redux_ && redux_->attributes().zero_text) {
+      // FluxPriorReduxPipeline without text encoders: only the Redux stage runs.
+      out.text.assign(run.images.size(), PromptEmbedding{});
+      PromptStage stage;
+      stage.distinct = 0;
+      stage.encoders = "Redux encoders (SigLIP, embedder; no prompt: zero text)";
+      stage.parameter_bytes = redux_->encode(run, dtype, device, out);
+      return stage;
+    }
+    std::optional<TextEncoders> encoders_slot(std::in_place, *run.model, dtype, device, loras_.files);
+    TextEncoders& encoders = *encoders_slot;
     const int64_t msl = *run.config.max_sequence_length;
     PromptStage stage;
     stage.distinct = encode_job_prompts(
@@ -189,6 +209,11 @@ class Flux1Root : public FamilyRoot {
     stage.encoders = "text encoders";
     stage.parameter_bytes = encoders.parameter_bytes();
     if (run.config.keep_encoders) kept_.emplace(std::move(encoders));
+    encoders_slot.reset();  // freed before the Redux stage
+    if (redux_) {
+      stage.encoders += " + Redux encoders (SigLIP, embedder)";
+      stage.parameter_bytes += redux_->encode(run, dtype, device, out);
+    }
     return stage;
   }
 
@@ -220,6 +245,7 @@ class Flux1Root : public FamilyRoot {
       t.negative_prompt_embeds = neg->prompt_embeds;
       t.negative_pooled_prompt_embeds = neg->pooled;
     }
+    if (redux_) redux_->to_checkpoint(t);
     return t;
   }
 
@@ -245,6 +271,12 @@ class Flux1Root : public FamilyRoot {
   LoraCheck loras_;  // the --lora files, checked against the model
   std::optional<parallel::EncodeStage> encode_stage_;
   std::optional<TextEncoders> kept_;  // --keep-encoders
+  std::optional<ReduxJob> redux_;     // --redux-model
+
+  // Whether stage 1 runs the text encoders: images to encode, unless Redux's zero text stands in.
+  bool encodes_text(const PreparedRun& run) const {
+    return run.any_encoding() && !(redux_ && redux_->attributes().zero_text);
+  }
 };
 
 }  // namespace

@@ -46,6 +46,9 @@ void refuse_unsupported(const RunConfig& c, io::Flux2Kind kind) {
   for (const char* option : {"image", "mask", "control-image", "strength", "pipeline", "max-area", "no-auto-resize"})
     if (c.was_given(option))
       throw UsageError(str_cat("--", option, ": ", what, " runs text-to-image only in fluxmpi (image inputs are FLUX.1's)"));
+  for (const char* option : {"redux-model", "redux-image", "redux-prompt-scale", "redux-pooled-scale"})
+    if (c.was_given(option))
+      throw UsageError(str_cat("--", option, ": FLUX.1 Redux is an adapter of FLUX.1 models, not of ", what));
   if (c.was_given("prompt-2"))
     throw UsageError(str_cat("--prompt-2: ", what, " has one text encoder; give --prompt only"));
   if (c.was_given("negative-prompt") || c.was_given("true-cfg"))

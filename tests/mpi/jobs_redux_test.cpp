@@ -1,0 +1,173 @@
+// FLUX.1 Redux through the command line (docs/redux.md): every whole-pipeline case of the redux
+// fixtures (tests/fixtures/redux, or a held-out twin) run as a user runs it, against diffusers; the
+// same bits on 1, 2 and 3 ranks, with --stages and with --patches; a job killed in the middle and
+// resumed (on another rank count) equal to an uninterrupted one, encoding nothing again; a resume
+// that changes a scale or an image refused. --threads 1 everywhere, fp32.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/checkpoint_reader.h"
+#include "job_runner.h"
+#include "support/fixtures.h"
+#include "support/subtree_cases.h"
+#include "support/tensor_compare.h"
+
+namespace fluxmpi::test {
+namespace fs = std::filesystem;
+namespace {
+
+std::vector<SubtreeCase> pipeline_cases() {
+  return project_subtree_cases("redux", [](const std::string& kind) { return kind == "redux_pipeline"; });
+}
+
+std::string base_pipeline_of(const SubtreeCase& c) {
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(c.subtree + "/manifest.json"));
+  return fixture_root() + "/" + m.at("pipelines").at(c.name.substr(0, c.name.find('/'))).at("base_pipeline").get<std::string>();
+}
+
+std::string scales_arg(const nlohmann::json& v) {
+  if (!v.is_array()) return nlohmann::json(v.get<double>()).dump();
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + nlohmann::json(x.get<double>()).dump();
+  return s;
+}
+
+// The command line of a manifest case: what diffusers was called with.
+std::vector<std::string> case_args(const SubtreeCase& c) {
+  const auto& call = c.json.at("call");
+  std::vector<std::string> a = {"--model", base_pipeline_of(c), "--redux-model", c.model_dir, "--height",
+                                std::to_string(call.at("height").get<int64_t>()), "--width",
+                                std::to_string(call.at("width").get<int64_t>()), "--steps",
+                                std::to_string(call.at("num_inference_steps").get<int64_t>()), "--guidance",
+                                nlohmann::json(call.at("guidance_scale").get<double>()).dump(), "--seed",
+                                std::to_string(call.at("seed").get<int64_t>()), "--max-sequence-length",
+                                std::to_string(call.at("max_sequence_length").get<int64_t>()), "--redux-prompt-scale",
+                                scales_arg(call.at("prompt_embeds_scale")), "--redux-pooled-scale",
+                                scales_arg(call.at("pooled_prompt_embeds_scale")), "--dtype", "fp32", "--no-progress"};
+  for (const auto& f : call.at("redux_images")) a.insert(a.end(), {"--redux-image", c.subtree + "/" + f.get<std::string>()});
+  if (call.contains("prompt")) a.insert(a.end(), {"--prompt", call.at("prompt").get<std::string>()});
+  if (call.contains("prompt_2")) a.insert(a.end(), {"--prompt-2", call.at("prompt_2").get<std::string>()});
+  return a;
+}
+
+class ReduxCli : public testing::TestWithParam<SubtreeCase> {};
+
+// The case as a user runs it on 2 ranks: the prior's text, the final latents and the PNG.
+TEST_P(ReduxCli, MatchesDiffusers) {
+  const SubtreeCase& c = GetParam();
+  REQUIRE_PROJECT_CASE(c, "redux");
+  FLUXMPI_REQUIRE_FIXTURES();
+  TempDir dir("redux-cli");
+  std::vector<std::string> a = case_args(c);
+  a.insert(a.end(), {"--checkpoint", dir / "run.h5", "-o", dir / "out.png"});
+  const JobResult r = run_fluxmpi(2, a);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const CaseTensors ref(c.file);
+  const ckpt::CheckpointReader ck = ckpt::CheckpointReader::open(dir / "run.h5");
+  const ckpt::TextEmbeddings text = ck.text(0);
+  expect_close(c.name + ": prompt_embeds", text.prompt_embeds, ref.get("prompt_embeds")[0], kTolPipelineFp32);
+  expect_close(c.name + ": pooled_prompt_embeds", text.pooled_prompt_embeds, ref.get("pooled_prompt_embeds")[0],
+               kTolPipelineFp32);
+  expect_close(c.name + ": image_embeds", text.redux_image_embeds, ref.get("image_embeds"), kTolFp32);
+  const ckpt::StepRow last = ck.step(0, c.json.at("call").at("num_inference_steps").get<int64_t>() - 1);
+  expect_close(c.name + ": latents_final", last.latents, ref.get("latents_final")[0], kTolPipelineFp32);
+  const at::Tensor got = png_pixels(dir / "out.png").to(at::kInt), want = png_pixels(c.subtree + "/" + c.json.at("png").at(0).get<std::string>()).to(at::kInt);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  const at::Tensor diff = (got - want).abs();
+  EXPECT_LE(diff.max().item<int>(), 1) << c.name << ": PNG";
+  EXPECT_GE((diff == 0).to(at::kDouble).mean().item<double>(), 0.99) << c.name << ": PNG";
+}
+
+INSTANTIATE_TEST_SUITE_P(Redux, ReduxCli, testing::ValuesIn(pipeline_cases()), image_case_name);
+
+// A two-image job of the first case with a prompt (or of the first case), as the parallel tests use it.
+class ReduxJobs : public testing::Test {
+ protected:
+  void SetUp() override {
+    FLUXMPI_REQUIRE_FIXTURES();
+    const auto cases = pipeline_cases();
+    case_ = cases.front();
+    for (const auto& c : cases)
+      if (c.json.at("call").contains("prompt") && c.json.at("call").at("redux_images").size() > 1) case_ = c;
+    REQUIRE_PROJECT_CASE(case_, "redux");
+    dir_ = std::make_unique<TempDir>("redux-jobs");
+  }
+  std::vector<std::string> job(const std::string& tag, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = case_args(case_);
+    for (size_t k = 0; k + 1 < a.size(); ++k)
+      if (a[k] == "--steps") a[k + 1] = "4";  // enough steps to kill one in the middle
+    a.insert(a.end(), {"--num-images", "2", "--checkpoint", path(tag + ".h5"), "-o", path(tag + "-{i}.png")});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  std::string path(const std::string& name) const { return *dir_ / name; }
+  void expect_same(const std::string& tag, const std::string& ref) {
+    EXPECT_TRUE(identical(tag + ": latents/steps", all_latent_rows(path(tag + ".h5")), all_latent_rows(path(ref + ".h5"))));
+    for (const char* i : {"-00000.png", "-00001.png"})
+      EXPECT_TRUE(identical(tag + ": PNG " + i, png_pixels(path(tag + i)), png_pixels(path(ref + i))));
+  }
+  // Uninterrupted on 2 ranks, then killed on rank 1 at step 2 and resumed on 1 and 3 ranks.
+  void kill_and_resume() {
+    const JobResult ref = run_fluxmpi(2, job("ref"));
+    ASSERT_EQ(ref.exit_code, 0) << ref.output;
+    const JobResult killed = run_fluxmpi(2, job("cut"), kHangGuardSeconds, {"FLUXMPI_FAULT=kill@1:2"});
+    ASSERT_NE(killed.exit_code, 0) << killed.output;
+    for (int ranks : {1, 3}) {
+      const std::string t = "cut-np" + std::to_string(ranks);
+      fs::copy_file(path("cut.h5"), path(t + ".h5"));
+      const JobResult r = run_fluxmpi(ranks, {"--resume", path(t + ".h5"), "--no-progress", "-o", path(t + "-{i}.png")});
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(r.output.find("Redux encoders"), std::string::npos) << t << ": a resume must not encode again\n" << r.output;
+      expect_same(t, "ref");
+    }
+    // A resume asking for other scales or another image is another job.
+    fs::copy_file(path("cut.h5"), path("other.h5"));
+    const JobResult scale = run_fluxmpi(1, {"--resume", path("other.h5"), "--no-progress", "--redux-prompt-scale", "0.25",
+                                            "-o", path("other-{i}.png")});
+    EXPECT_NE(scale.exit_code, 0);
+    EXPECT_NE(scale.output.find("'redux prompt scale 0'"), std::string::npos) << scale.output;
+  }
+  SubtreeCase case_;
+  std::unique_ptr<TempDir> dir_;
+};
+
+TEST_F(ReduxJobs, SameBitsOnEveryRankCountAndWithStages) {
+  const JobResult one = run_fluxmpi(1, job("np1"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  for (int ranks : {2, 3}) {
+    const std::string tag = "np" + std::to_string(ranks);
+    const JobResult r = run_fluxmpi(ranks, job(tag));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same(tag, "np1");
+  }
+  const JobResult s = run_fluxmpi(2, job("stages", {"--stages", "1"}));  // two one-rank pipelines
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  expect_same("stages", "np1");
+}
+
+// Patch pipelining is approximate but the same on every rank count; the text (and the image
+// tokens in it) travels with patch 0.
+TEST_F(ReduxJobs, PatchesAreTheSameOnEveryRankCount) {
+  const std::vector<std::string> patches = {"--patches", "2", "--warmup-steps", "1"};
+  const JobResult one = run_fluxmpi(1, job("p1", patches));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const JobResult r = run_fluxmpi(3, job("p3", patches));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same("p3", "p1");
+}
+
+TEST_F(ReduxJobs, KilledThenResumedBitIdenticalWithoutEncodingAgain) { kill_and_resume(); }
+
+// The prior's zero text: no prompt, no text encoder, no token ids in the checkpoint.
+TEST_F(ReduxJobs, ZeroTextKilledThenResumedBitIdentical) {
+  for (const auto& c : pipeline_cases())
+    if (!c.json.at("call").contains("prompt")) case_ = c;
+  ASSERT_FALSE(case_.json.at("call").contains("prompt")) << "no case without a prompt";
+  kill_and_resume();
+}
+
+}  // namespace
+}  // namespace fluxmpi::test
