@@ -3,6 +3,9 @@
 #include "models/siglip/redux_embedder.h"
 
 #include <c10/core/InferenceMode.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "core/error.h"
 #include "models/common/cpu_linear.h"
@@ -33,7 +36,10 @@ ReduxImageEncoder load_redux_embedder(const io::ReduxEmbedderConfig& config, con
                                       at::ScalarType dtype, at::Device device) {
   ReduxImageEncoder model(config);
   nn::load_module(*model, store, {}, dtype, device);
-  nn::use_gemm_layout(*model);
+  nn::use_gemm_layout(*model);  // as the encoder's (siglip_vision.cpp)
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
   return model;
 }
 

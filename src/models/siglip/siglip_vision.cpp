@@ -5,6 +5,9 @@
 #include "models/siglip/siglip_vision.h"
 
 #include <c10/core/InferenceMode.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "core/error.h"
 #include "models/common/cpu_linear.h"
@@ -100,7 +103,15 @@ SiglipVisionModel load_siglip_vision_model(const io::SiglipVisionConfig& config,
                                            at::ScalarType dtype, at::Device device) {
   SiglipVisionModel model(config);
   nn::load_module(*model, store, siglip_load_rules(), dtype, device);
-  nn::use_gemm_layout(*model);  // fp32 on the CPU: the weights as oneDNN's GEMM reads them (cpu_linear.h)
+  // fp32 on the CPU: the weights as oneDNN's GEMM reads them (cpu_linear.h), a layer at a time.
+  // glibc keeps the replaced copies in its heap (5-20 MB blocks under its grown mmap threshold)
+  // and would reach twice the weights; given back after each layer, the peak stays one layer above.
+  for (text_models::ClipEncoderLayer layer : model->vision_model->encoder->layers) {
+    nn::use_gemm_layout(*layer);
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+  }
   return model;
 }
 

@@ -112,7 +112,7 @@ class Flux1Root : public FamilyRoot {
   void check_weights(PreparedRun& run) override {
     const RunConfig& c = run.config;
     const io::ModelDir& dir = *run.model;
-    dir.check_consistency(/*with_text=*/c.dry_run || encodes_text(run));
+    dir.check_consistency(/*with_text=*/needs_text(run));
     if (!c.dry_run) {
       dir.require(io::Component::Vae);
       if (encodes_text(run)) {
@@ -128,13 +128,13 @@ class Flux1Root : public FamilyRoot {
     else vae::check_vae_weights(dir);
     if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) vae::check_vae_encoder_weights(dir);
     if (redux_ && (c.dry_run || run.any_encoding())) redux_->check_weights(dir);
-    loras_ = check_loras(c.loras, dir, /*with_text=*/c.dry_run || encodes_text(run));
+    loras_ = check_loras(c.loras, dir, /*with_text=*/needs_text(run));
   }
 
   void plan(const PreparedRun& run, parallel::PlanRequest& request) override {
     const RunConfig& c = run.config;
     const io::ModelDir& dir = *run.model;
-    if (c.dry_run || encodes_text(run)) {
+    if (needs_text(run)) {
       request.clip = dir.clip_config();
       request.t5 = dir.t5_config();
     }
@@ -276,6 +276,10 @@ class Flux1Root : public FamilyRoot {
   // Whether stage 1 runs the text encoders: images to encode, unless Redux's zero text stands in.
   bool encodes_text(const PreparedRun& run) const {
     return run.any_encoding() && !(redux_ && redux_->attributes().zero_text);
+  }
+  // The same for what validation and the plan count (a dry run counts the job it describes).
+  bool needs_text(const PreparedRun& run) const {
+    return (run.config.dry_run || run.any_encoding()) && !(redux_ && redux_->attributes().zero_text);
   }
 };
 
