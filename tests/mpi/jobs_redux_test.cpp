@@ -169,5 +169,49 @@ TEST_F(ReduxJobs, ZeroTextKilledThenResumedBitIdentical) {
   kill_and_resume();
 }
 
+// --resume refuses Redux inputs that are not the stored ones, naming them, and writes nothing: the
+// same images under other names (the stored paths), or a stored file whose pixels changed (the
+// checkpoint keeps each image as decoded).
+TEST_F(ReduxJobs, ResumeRefusesOtherOrChangedImages) {
+  std::vector<std::string> a = job("cut");
+  std::vector<std::string> copies;
+  for (size_t k = 0; k + 1 < a.size(); ++k)
+    if (a[k] == "--redux-image") {  // the job reads copies, so that one can change
+      copies.push_back(path("ref" + std::to_string(copies.size()) + ".png"));
+      fs::copy_file(a[k + 1], copies.back());
+      a[k + 1] = copies.back();
+    }
+  const JobResult killed = run_fluxmpi(2, a, kHangGuardSeconds, {"FLUXMPI_FAULT=kill@1:2"});
+  ASSERT_NE(killed.exit_code, 0) << killed.output;
+  const at::Tensor rows = all_latent_rows(path("cut.h5"));
+
+  std::vector<std::string> renamed = {"--resume", path("cut.h5"), "--no-progress", "-o", path("r-{i}.png")};
+  for (size_t k = 0; k < copies.size(); ++k) {
+    renamed.insert(renamed.end(), {"--redux-image", path("renamed" + std::to_string(k) + ".png")});
+    fs::copy_file(copies[k], renamed.back());
+  }
+  const JobResult other = run_fluxmpi(1, renamed);
+  EXPECT_NE(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("'redux image 0' is \"" + copies[0] + "\""), std::string::npos) << other.output;
+
+  // The first image's file now holds another picture of the fixture's inputs.
+  std::string replacement;
+  const at::Tensor first = png_pixels(copies[0]);
+  for (const auto& e : fs::directory_iterator(case_.subtree + "/inputs")) {
+    if (e.path().extension() != ".png") continue;
+    const at::Tensor t = png_pixels(e.path().string());
+    if (!t.sizes().equals(first.sizes()) || !at::equal(t, first)) replacement = e.path().string();
+  }
+  ASSERT_FALSE(replacement.empty()) << "no other input image in " << case_.subtree << "/inputs";
+  fs::copy_file(replacement, copies[0], fs::copy_options::overwrite_existing);
+  const JobResult changed = run_fluxmpi(2, {"--resume", path("cut.h5"), "--no-progress", "-o", path("c-{i}.png")});
+  EXPECT_NE(changed.exit_code, 0) << changed.output;
+  EXPECT_NE(changed.output.find("Redux image '" + copies[0] + "' has changed since the checkpoint was written"),
+            std::string::npos)
+      << changed.output;
+  EXPECT_TRUE(identical("refused resumes: latents/steps", all_latent_rows(path("cut.h5")), rows));
+  EXPECT_FALSE(fs::exists(path("r-00000.png")) || fs::exists(path("c-00000.png")));
+}
+
 }  // namespace
 }  // namespace fluxmpi::test
