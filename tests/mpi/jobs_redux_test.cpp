@@ -159,6 +159,22 @@ TEST_F(ReduxJobs, PatchesAreTheSameOnEveryRankCount) {
   expect_same("p3", "p1");
 }
 
+// Redux with an image mode (img2img of the first reference image): the image tokens in the text, the
+// input's latents in the image stream; the same bits on 1 and 3 ranks, the text grown by the tokens.
+TEST_F(ReduxJobs, WithImg2ImgTheSameOnEveryRankCount) {
+  const auto& images = case_.json.at("call").at("redux_images");
+  const std::vector<std::string> i2i = {"--image", case_.subtree + "/" + images.at(0).get<std::string>(), "--strength", "0.6"};
+  const JobResult one = run_fluxmpi(1, job("i1", i2i));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const JobResult r = run_fluxmpi(3, job("i3", i2i));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same("i3", "i1");
+  const ckpt::CheckpointReader ck = ckpt::CheckpointReader::open(path("i3.h5"));
+  EXPECT_TRUE(ck.dataset(0, "inputs/image").defined());
+  EXPECT_EQ(ck.text(0).prompt_embeds.size(0),
+            case_.json.at("call").at("max_sequence_length").get<int64_t>() + ck.attributes(0).redux.image_tokens);
+}
+
 TEST_F(ReduxJobs, KilledThenResumedBitIdenticalWithoutEncodingAgain) { kill_and_resume(); }
 
 // The prior's zero text: no prompt, no text encoder, no token ids in the checkpoint.
