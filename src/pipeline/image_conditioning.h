@@ -18,6 +18,13 @@
 
 namespace fluxmpi::pipeline {
 
+/// The generator's draw of the latent noise, [1, C, h, w] in `dtype` (diffusers' randn_tensor).
+at::Tensor draw_noise(at::Generator& gen, const flux::LatentGeometry& geometry, at::ScalarType dtype);
+/// VAE encode -> latent_dist.sample(generator) (one draw) -> (z - shift) * scale: [1, C, h, w] on
+/// the CPU in the encoder's dtype.
+at::Tensor encode_sample(const vae::VaeEncoder& encoder, const at::Tensor& x, at::Generator& gen,
+                         const vae::EncodeOptions& options);
+
 /// The pixels of an 8-bit image as a [H, W, channels] uint8 tensor (a copy).
 at::Tensor image_pixels(const io::Image8& image);
 
