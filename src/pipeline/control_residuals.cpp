@@ -101,10 +101,11 @@ std::vector<at::Tensor> ControlResiduals::samples(const ResidualRequest& r, cons
     }
     const double scale = run.scale * control_keep(r.step, setup_.steps, run.guidance_start, run.guidance_end);
     const std::vector<at::Tensor> out = net->run_blocks(s, rope, scale, kv);
-    // FluxMultiControlNetModel: the first run's samples, then each later run's added (zip keeps the
-    // shorter list: the merged layout's counts).
+    // FluxMultiControlNetModel: the first run's samples, then each later run's added where it has
+    // samples of that kind (zip keeps the shorter list: the merged layout's counts).
     for (int64_t j = 0; j < layout_.samples(); ++j) {
       const bool is_double = j < layout_.double_samples;
+      if ((is_double ? c.num_layers : c.num_single_layers) == 0) continue;
       const int64_t own = is_double ? j : c.num_layers + (j - layout_.double_samples);
       at::Tensor& slot = merged[static_cast<size_t>(j)];
       slot = slot.defined() ? slot + out[static_cast<size_t>(own)] : out[static_cast<size_t>(own)];
@@ -112,6 +113,10 @@ std::vector<at::Tensor> ControlResiduals::samples(const ResidualRequest& r, cons
     any = true;
   }
   FLUX_CHECK(any, "ControlNet residuals asked for step ", r.step, " where no ControlNet acts");
+  // A sample only skipped runs have (their keep is 0 at this step) adds zeros, as diffusers' does.
+  for (at::Tensor& slot : merged)
+    if (!slot.defined())
+      slot = at::zeros({m, r.image.count, nets_.front()->config().inner_dim()}, at::TensorOptions().dtype(setup_.dtype).device(setup_.device));
   if (r.last) caches.clear();
   return merged;
 }
