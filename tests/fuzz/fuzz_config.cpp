@@ -1,6 +1,6 @@
 // libFuzzer target: io::ConfigReader and the typed config parsers. The first byte picks the
-// config kind ('t' transformer, 's' scheduler, 'v' VAE, 'c' CLIP text, '5' T5; other bytes by
-// value), the rest is the config.json text.
+// config kind ('t' transformer, 's' scheduler, 'v' VAE, 'c' CLIP text, '5' T5, 'n' ControlNet;
+// other bytes by value), the rest is the config.json text.
 // Contract: a parser returns a config or throws ConfigError; a config it returns survives the
 // round trip through to_json() unchanged. Anything else is a bug.
 
@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/configs.h"
+#include "io/controlnet_config.h"
 
 namespace {
 
@@ -39,11 +40,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
   const uint8_t k = data[0];
-  switch (k == 't' ? 0 : k == 's' ? 1 : k == 'v' ? 2 : k == 'c' ? 3 : k == '5' ? 4 : k % 5) {
+  switch (k == 't' ? 0 : k == 's' ? 1 : k == 'v' ? 2 : k == 'c' ? 3 : k == '5' ? 4 : k == 'n' ? 5 : k % 5) {
     case 0: round_trip(text, fluxmpi::io::parse_transformer_config); break;
     case 1: round_trip(text, fluxmpi::io::parse_scheduler_config); break;
     case 2: round_trip(text, fluxmpi::io::parse_vae_config); break;
     case 3: round_trip(text, fluxmpi::io::parse_clip_text_config); break;
+    case 5: round_trip(text, fluxmpi::io::parse_controlnet_config); break;
     default: round_trip(text, fluxmpi::io::parse_t5_config); break;
   }
   return 0;
