@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/controlnet_runs.h"
 #include "io/configs.h"
 #include "io/lora_file.h"
 
@@ -72,7 +73,7 @@ struct ImageAttributes {
   int64_t patches = 1;              ///< M; 1: every step exact
   int64_t warmup_steps = 1;         ///< W
   // Image inputs (docs/images.md, docs/hdf5-format.md); files without these attributes are text2img.
-  std::string pipeline = "text2img";  ///< pipeline::mode_name: text2img, img2img, inpaint, fill, control, kontext
+  std::string pipeline = "text2img";  ///< pipeline::mode_name: text2img, img2img, inpaint, fill, control, kontext, controlnet
   std::string family = "flux1";
   double strength = 1.0;              ///< img2img, inpaint, Fill (1 for the other modes)
   /// Steps of the full num_inference_steps schedule that the strength skips: the schedule and the
@@ -87,6 +88,8 @@ struct ImageAttributes {
   Input image, mask, control_image;
   /// Kontext: the size the reference image is encoded at (pixels); 0 without one.
   int64_t condition_height = 0, condition_width = 0;
+  /// ControlNet images: every run (attribute `controlnets`; absent: none).
+  std::vector<ControlNetUse> controlnets;
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
@@ -115,6 +118,10 @@ struct ImageShape {
   int64_t image_h = 0, image_w = 0, mask_h = 0, mask_w = 0, control_h = 0, control_w = 0;  ///< inputs/* (0: none)
   int64_t condition_tokens = 0;       ///< rows of latents/image (0: none)
   int64_t condition_dim = 0;          ///< its features
+  /// ControlNet images: each control image's size (inputs/controlnet_image_<k>), and the runs whose
+  /// control latents are stored (latents/controlnet [n, L_img, token_dim]; XLabs runs store none).
+  std::vector<std::pair<int64_t, int64_t>> controlnet_inputs;
+  int64_t controlnet_latents = 0;
 };
 
 /// Element type of a dataset, as stored.
