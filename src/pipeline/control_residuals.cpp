@@ -60,6 +60,17 @@ void ControlResiduals::set_group(size_t group, const std::vector<at::Tensor>& co
   conditions_[group] = std::move(embedded);
 }
 
+void ControlResiduals::take_inputs(std::vector<GroupInputs>& groups) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    at::Tensor& all = groups[g].controlnet;
+    if (!all.defined()) continue;  // a group this leader never takes (--stages) may have none
+    std::vector<at::Tensor> controls;
+    for (int64_t k = 0; k < all.size(1); ++k) controls.push_back(all.select(1, k));
+    set_group(g, controls);
+    all = at::Tensor();
+  }
+}
+
 std::vector<at::Tensor> ControlResiduals::samples(const ResidualRequest& r, const flux::TransformerInputs& in) {
   const auto it = conditions_.find(r.group);
   FLUX_CHECK(it != conditions_.end(), "no control inputs for work group ", r.group);

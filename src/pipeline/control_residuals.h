@@ -50,7 +50,7 @@ ControlRouting control_routing(const io::ResidualLayout& layout, const io::Trans
 class ControlResiduals : public ResidualSource {
  public:
   /// `nets` loaded in the run dtype on the run device; `setup` the step loop's (its steps, patches,
-  /// text tokens, latent size); `guidance` the pipeline's guidance_scale.
+  /// text tokens, latent size, dtype and device: kept); `guidance` the pipeline's guidance_scale.
   ControlResiduals(std::vector<flux::FluxControlNet> nets, std::vector<ControlRun> runs, const DenoiseSetup& setup,
                    double guidance);
 
@@ -62,13 +62,15 @@ class ControlResiduals : public ResidualSource {
   /// The control inputs of work group `group`, one per run, [m, L, in_channels] packed latents or
   /// [m, 3, H, W] pixels (XLabs layout), in the run dtype: embedded once, kept for every step.
   void set_group(size_t group, const std::vector<at::Tensor>& controls);
+  /// set_group of every group from its GroupInputs::controlnet ([m, K, ...]), which it then drops.
+  void take_inputs(std::vector<GroupInputs>& groups) override;
 
   std::vector<at::Tensor> samples(const ResidualRequest& request, const flux::TransformerInputs& in) override;
 
  private:
   std::vector<flux::FluxControlNet> nets_;
   std::vector<ControlRun> runs_;
-  const DenoiseSetup& setup_;
+  DenoiseSetup setup_;
   double guidance_;
   io::ResidualLayout layout_;
   std::vector<flux::RopeTables> rope_;                          // per net: the whole sequence's tables

@@ -120,10 +120,15 @@ struct GroupInputs {
   at::Tensor features;
   /// Kontext: [m, Li, 4C] reference tokens appended to the latents' tokens; undefined otherwise.
   at::Tensor reference;
+  /// ControlNets: [m, K, L, 4C] the control latents of the K runs, or [m, K, 3, H, W] their pixels
+  /// (XLabs layout); the group's ResidualSource takes them before the loop (undefined then).
+  at::Tensor controlnet;
 
   /// Every field, in a fixed order: what a pipeline leader receives of a group from world rank 0
   /// (app/leader_job.cpp). A field a mode adds is listed here too.
-  std::vector<at::Tensor*> tensors() { return {&latents, &text, &pooled, &neg_text, &neg_pooled, &features, &reference}; }
+  std::vector<at::Tensor*> tensors() {
+    return {&latents, &text, &pooled, &neg_text, &neg_pooled, &features, &reference, &controlnet};
+  }
 };
 
 /// Rank 0 is told about every finished step of a group.
@@ -151,6 +156,8 @@ struct ResidualRequest {
 class ResidualSource {
  public:
   virtual ~ResidualSource() = default;
+  /// Before the loop: takes every group's control inputs (GroupInputs::controlnet, left undefined).
+  virtual void take_inputs(std::vector<GroupInputs>& groups) = 0;
   /// The merged residual samples of one unit, [m, image.count, D] each, indexed as
   /// ControlRouting::sample_of_block counts them; `in` is the unit's conditional (pass 0) input.
   virtual std::vector<at::Tensor> samples(const ResidualRequest& request, const flux::TransformerInputs& in) = 0;

@@ -55,6 +55,7 @@ struct Conditioning {
   at::Tensor features;  ///< [1, L, E] run dtype: appended to the latents' features (Fill 320, Control 64)
   at::Tensor image_latents, noise, mask;  ///< inpaint: [1, L, 4C] each, what the per-step blend needs
   at::Tensor reference;  ///< Kontext: [1, Li, 4C] run dtype, the reference tokens after the output's
+  at::Tensor controlnet;  ///< ControlNets: [1, K, L, 4C] control latents or [1, K, 3, H, W] pixels, run dtype
 };
 
 /// Computes the conditioning of one image: `encoder` in the run dtype, `full` the N-step schedule
