@@ -115,6 +115,11 @@ void check_controlnets(const Settings& s, RunConfig& c) {
   }
   if (!c.controlnets.empty()) {
     c.controlnet_images = images;
+  } else if (s.has("resume")) {
+    // Whose images these are comes from the checkpoint (fill_controlnets_from_checkpoint): a
+    // ControlNet job's, or a Control model's one.
+    c.controlnet_images = images;
+    if (images.size() == 1) c.control_image = images.front();
   } else if (images.size() > 1) {
     s.fail("control-image", str_cat("is given ", images.size(), " times: several control images are for ControlNets "
                                      "(--controlnet DIR); a Control model takes one"));

@@ -2,7 +2,8 @@
 // of the ControlNet fixtures (tests/fixtures/controlnet) run as `fluxmpi --controlnet ...` against
 // diffusers' latents (1e-4) and image (pixels within 1 level); the same bits on 1, 2 and 3 ranks,
 // with --stages and with --patches; a job killed in the middle and resumed on another rank count
-// equals the uninterrupted one, encodes nothing again and refuses another --controlnet-scale.
+// equals the uninterrupted one, encodes nothing again and refuses another --controlnet-scale,
+// --control-image or --controlnet.
 // --threads 1 everywhere, fp32.
 
 #include <gtest/gtest.h>
@@ -166,6 +167,28 @@ TEST_F(ControlNetJobs, KilledThenResumedBitIdenticalAndChecked) {
                                     "--controlnet-scale", "0.3", "--controlnet-scale", "0.5"});
   EXPECT_EQ(other.exit_code, 3) << other.output;
   EXPECT_NE(other.output.find("'controlnets[0].scale'"), std::string::npos) << other.output;
+  // Another control image for the first ControlNet (the second's, a file of the same size), and
+  // another ControlNet folder (a copy of the first net elsewhere): other jobs too, refused on every
+  // rank before anything is written.
+  const nlohmann::json& call = c.json.at("call");
+  const std::string second_image = controlnet_path(c, "inputs/" + call.at("images")[1].get<std::string>());
+  const std::string moved_net = path("moved-net");
+  fs::copy(controlnet_dir(c, call.at("nets")[0].get<std::string>()), moved_net);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> changes = {
+      {{"--control-image", second_image, "--control-image", second_image}, "'controlnets[0].control_image'"},
+      {{"--controlnet", moved_net, "--controlnet", controlnet_dir(c, call.at("nets")[1].get<std::string>())},
+       "'controlnets[0].controlnet'"}};
+  for (const auto& [flags, field] : changes) {
+    fs::copy_file(path("killed.h5"), path("changed.h5"), fs::copy_options::overwrite_existing);
+    const auto before = fs::file_size(path("changed.h5"));
+    std::vector<std::string> args = {"--resume", path("changed.h5"), "--no-progress", "-o", path("changed.png")};
+    args.insert(args.end(), flags.begin(), flags.end());
+    JobResult changed = run_fluxmpi(2, args);
+    EXPECT_EQ(changed.exit_code, 3) << changed.output;
+    EXPECT_NE(changed.output.find(field), std::string::npos) << field << ":\n" << changed.output;
+    EXPECT_EQ(fs::file_size(path("changed.h5")), before) << field;
+    EXPECT_FALSE(fs::exists(path("changed.png"))) << field;
+  }
 }
 
 }  // namespace

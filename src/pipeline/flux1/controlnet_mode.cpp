@@ -15,7 +15,15 @@
 namespace fluxmpi::pipeline {
 
 void fill_controlnets_from_checkpoint(RunConfig& c, const ckpt::ImageAttributes& a) {
-  if (a.controlnets.empty()) return;
+  if (a.controlnets.empty()) {
+    // A job without ControlNets: a --control-image given with --resume alone is a Control model's.
+    if (c.controlnets.empty() && c.controlnet_images.size() > 1)
+      throw UsageError(str_cat("--control-image is given ", c.controlnet_images.size(), " times: several control images "
+                               "are for ControlNets (--controlnet DIR); the checkpoint's job has none"));
+    if (c.controlnets.empty()) c.controlnet_images.clear();
+    return;
+  }
+  c.control_image.clear();  // a given --control-image is a ControlNet's
   if (!c.was_given("controlnet")) {
     // One folder behind every run: one net (a Union's conditions); else one net per run.
     bool one = a.controlnets.size() > 1;

@@ -23,7 +23,8 @@
 namespace fluxmpi::pipeline {
 
 /// With --resume: the ControlNet flags the command line leaves out come from the checkpoint's first
-/// image (its `controlnets` attribute).
+/// image (its `controlnets` attribute). --control-image files given with --resume alone are the
+/// ControlNets' when the checkpoint has some, else a Control model's one (UsageError for several).
 void fill_controlnets_from_checkpoint(RunConfig& config, const ckpt::ImageAttributes& stored);
 
 /// In resolve, for a ControlNet job: the nets and runs (controlnet_options.h: UsageError,
