@@ -1,7 +1,7 @@
 // fluxmpi-bench-controlnet: what a ControlNet adds to one denoising step, in one process.
 //
 //   fluxmpi-bench-controlnet --model DIR [--cn-double 1 --cn-single 2 --cn-modes 0] [--height 512 --width 512]
-//                            [--msl 256] [--threads N] [--repeat R] [--dtype fp32|bf16]
+//                            [--msl 256] [--threads N] [--repeat R] [--dtype fp32|bf16] [--save-controlnet DIR]
 //
 // Builds the model folder's transformer (its weights) and a FluxControlNetModel of the same width
 // with `--cn-double` double and `--cn-single` single blocks (a Union model with --cn-modes > 0)
@@ -9,7 +9,9 @@
 // warm-up: (1) the plain step's transformer forward; (2) the ControlNet step: the ControlNet's
 // forward (the control image embedded once, as the step loop does) and the transformer forward
 // with its residuals. Prints the best of each, their ratio and the peak RSS, and one line
-// `bench-result {json}` for tools/bench/peer/controlnet_peer.py.
+// `bench-result {json}` for tools/bench/peer/controlnet_peer.py. --save-controlnet DIR also writes
+// the random ControlNet as a diffusers folder (config.json + fp32 safetensors), for whole runs of
+// `fluxmpi --controlnet DIR` (the memory check of docs/performance.md).
 #include <boost/program_options.hpp>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
@@ -36,7 +38,7 @@ namespace {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int run(int argc, char** argv) {
-  std::string model_dir, dtype_name = "fp32";
+  std::string model_dir, dtype_name = "fp32", save_dir;
   int64_t cn_double = 1, cn_single = 2, cn_modes = 0, height = 512, width = 512, msl = 256;
   int threads = 1, repeat = 5;
   po::options_description opts("fluxmpi-bench-controlnet");
@@ -47,7 +49,8 @@ int run(int argc, char** argv) {
       "height", po::value(&height)->default_value(512), "image height")("width", po::value(&width)->default_value(512),
                                                                            "image width")(
       "msl", po::value(&msl)->default_value(256), "text tokens")("threads", po::value(&threads)->default_value(1), "threads")(
-      "repeat", po::value(&repeat)->default_value(5), "timed rounds")("dtype", po::value(&dtype_name)->default_value("fp32"),
+      "repeat", po::value(&repeat)->default_value(5), "timed rounds")("save-controlnet", po::value(&save_dir),
+                                                                     "also write the ControlNet to this folder")("dtype", po::value(&dtype_name)->default_value("fp32"),
                                                                      "fp32 | bf16");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -73,6 +76,8 @@ int run(int argc, char** argv) {
   io::check_controlnet_fits(cc, tc, dir.vae_config().scale_factor(), "the benchmark's ControlNet");
   flux::FluxControlNet net(cc);
   nn::fill_random(*net, 7);
+  if (!save_dir.empty())
+    nn::save_component(save_dir, io::to_json(cc), *net, "diffusion_pytorch_model", io::DType::F32);
   nn::cast_parameters(*net, dtype);
   net->fuse_projections();
   const io::ResidualLayout layout = io::merged_layout({&cc});
