@@ -191,5 +191,43 @@ TEST_F(ControlNetJobs, KilledThenResumedBitIdenticalAndChecked) {
   }
 }
 
+// --control-image with --resume alone belongs to the checkpoint's job: on a Control model's
+// (FluxControlPipeline, no ControlNets) it is that model's one image, so the same file resumes
+// the job, another is refused by the checkpoint and two are a usage error.
+TEST_F(ControlNetJobs, ResumeOfAControlModelTakesItsOneControlImage) {
+  FLUXMPI_REQUIRE_FIXTURES();
+  const fs::path inputs = fs::path(fixture_root()) / "image-inputs";
+  if (!fs::exists(inputs / "tiny-flux-control")) GTEST_SKIP() << "image-inputs fixtures missing";
+  const std::string edges = inputs / "inputs/control_edges_64x64.png", photo = inputs / "inputs/photo_64x64.png";
+  const std::vector<std::string> job = {"--model", inputs / "tiny-flux-control", "--control-image", edges, "--prompt",
+                                        "a harbour at dusk", "--steps", "4", "--seed", "3", "--max-sequence-length", "64",
+                                        "--dtype", "fp32", "--no-progress"};
+  std::vector<std::string> a = job;
+  a.insert(a.end(), {"--checkpoint", path("ref.h5"), "-o", path("ref.png")});
+  ASSERT_EQ(run_fluxmpi(2, a).exit_code, 0);
+  a = job;
+  a.insert(a.end(), {"--checkpoint", path("killed.h5"), "-o", path("killed.png")});
+  ASSERT_NE(run_fluxmpi(2, a, kHangGuardSeconds, {"FLUXMPI_FAULT=kill@1:1"}).exit_code, 0);
+  const std::vector<std::tuple<std::vector<std::string>, int, std::string>> resumes = {
+      {{"--control-image", edges}, 0, ""},
+      {{"--control-image", photo}, 3, "'input_control_image'"},
+      {{"--control-image", edges, "--control-image", edges}, 2, "the checkpoint's job has none"}};
+  for (const auto& [flags, code, message] : resumes) {
+    fs::copy_file(path("killed.h5"), path("resumed.h5"), fs::copy_options::overwrite_existing);
+    std::vector<std::string> r = {"--resume", path("resumed.h5"), "--no-progress", "-o", path("resumed.png")};
+    r.insert(r.end(), flags.begin(), flags.end());
+    JobResult j = run_fluxmpi(1, r);
+    EXPECT_EQ(j.exit_code, code) << j.output;
+    if (code == 0) {
+      EXPECT_TRUE(identical("resumed: latents/steps", all_latent_rows(path("resumed.h5")), all_latent_rows(path("ref.h5"))));
+      EXPECT_TRUE(identical("resumed: PNG", png_pixels(path("resumed.png")), png_pixels(path("ref.png"))));
+      fs::remove(path("resumed.png"));
+    } else {
+      EXPECT_NE(j.output.find(message), std::string::npos) << message << ":\n" << j.output;
+      EXPECT_FALSE(fs::exists(path("resumed.png")));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fluxmpi::test
