@@ -14,23 +14,17 @@ the largest over the turns) against the --dry-run plan's peak of that rank. --gl
 the jobs with GLIBC_TUNABLES=T (e.g. glibc.malloc.mmap_threshold=131072: a fixed threshold, so that
 freed weight-sized blocks go back to the system; docs/performance.md says why that matters here).
 """
-import argparse, os, re, subprocess, sys
+import argparse, os, re, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-UNITS = {"B": 1, "KiB": 1024.0, "MiB": 1024.0 ** 2, "GiB": 1024.0 ** 3, "TiB": 1024.0 ** 4}
-MiB = 1024.0 ** 2
-
-
-def to_bytes(value, unit):
-    return float(value) * UNITS[unit]
+sys.path.insert(0, HERE)
+from bench import MiB, cpu_flags, rank_memory, to_bytes  # noqa: E402  (tools/bench/bench.py)
+import bench  # noqa: E402
 
 
 def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit("failed: %s\n%s" % (" ".join(cmd), r.stdout[-3000:]))
-    return r.stdout
+    return bench.run(cmd)[0]
 
 
 def mpirun(ranks):
@@ -48,16 +42,6 @@ def rank0_denoise(out, planned):
     m = re.search(r"rank 0 stages: .*?denoise ([0-9.]+) (\w+)" if planned else
                   r"summary: .*? denoise [0-9.]+ s \(peak ([0-9.]+) (\w+)\)", out)
     return to_bytes(m.group(1), m.group(2)) if m else None
-
-
-def measured(out, ranks):
-    """Per rank: (slice weight bytes, peak RSS bytes) from the --log-level debug lines."""
-    weights, peaks = {}, {}
-    for m in re.finditer(r"fluxmpi\[rank (\d+)/\d+\]: loaded blocks .*?: \d+ tensors, ([0-9.]+) (\w+)", out):
-        weights[int(m.group(1))] = to_bytes(m.group(2), m.group(3))
-    for m in re.finditer(r"fluxmpi\[rank (\d+)/\d+\]: .*peak RSS(?: of rank \d+)? ([0-9.]+) (\w+)", out):
-        peaks[int(m.group(1))] = to_bytes(m.group(2), m.group(3))
-    return [(weights.get(r), peaks.get(r)) for r in range(ranks)]
 
 
 def main():
@@ -96,15 +80,13 @@ def main():
         for name, extra in configs:
             tunables = ["-x", "GLIBC_TUNABLES=" + a.glibc_tunables] if a.glibc_tunables else []
             out = run(mpirun(a.ranks) + tunables + base + extra + ["-o", os.path.join(a.work, name + ".png")])
-            m = measured(out, a.ranks)
+            m = rank_memory(out, a.ranks)
             stage_peak[name] = max(stage_peak.get(name) or 0, rank0_denoise(out, False) or 0)
             prev = runs.get(name)
             runs[name] = m if prev is None else [(w, max(p, q)) for (w, p), (_, q) in zip(m, prev)]
     load_after = open("/proc/loadavg").read().split()[:3]
-    flags = sorted({f for f in open("/proc/cpuinfo").read().split() if f in ("avx2", "fma", "avx512f", "avx512_vnni",
-                                                                           "avx512_bf16", "amx_bf16")})
     print("cpu: %s; load average before %s, after %s; %d ranks, 1 thread each, fp32, %dx%d, 2 steps, %d turns%s"
-          % (" ".join(flags), " ".join(load_before), " ".join(load_after), a.ranks, a.size, a.size, a.repeat,
+          % (cpu_flags(), " ".join(load_before), " ".join(load_after), a.ranks, a.size, a.size, a.repeat,
              "; GLIBC_TUNABLES=" + a.glibc_tunables if a.glibc_tunables else ""))
     print("| job | rank | slice weights | peak RSS | --dry-run peak (stage) | plan / RSS |")
     print("|---|---|---|---|---|---|")
