@@ -27,7 +27,7 @@ import peer  # noqa: E402  (make_models, run, interleaved, loadavg, cpu_flags, S
 
 
 def side(args):
-    from diffusers_side import import_diffusers, report, torch_dtype, versions
+    from diffusers_side import import_diffusers, report, token_ids, torch_dtype, versions
     mods = import_diffusers(args.path)
     import torch
     from diffusers.models.controlnets.controlnet_flux import FluxControlNetModel
@@ -49,11 +49,7 @@ def side(args):
     cond = torch.randn(1, tokens, cfg.in_channels, generator=g).to(dt)
     text = torch.randn(1, args.msl, cfg.joint_attention_dim, generator=g).to(dt)
     pooled = torch.randn(1, cfg.pooled_projection_dim, generator=g).to(dt)
-    img_ids = torch.zeros(h // 2, w // 2, 3)
-    img_ids[..., 1] += torch.arange(h // 2)[:, None]
-    img_ids[..., 2] += torch.arange(w // 2)[None, :]
-    img_ids = img_ids.reshape(tokens, 3)
-    txt_ids = torch.zeros(args.msl, 3)
+    img_ids, txt_ids = token_ids(torch, h, w, args.msl)
     timestep = torch.full((1,), 0.5, dtype=dt)
     guidance = torch.full((1,), 3.5) if cfg.guidance_embeds else None
     mode = torch.zeros(1, 1, dtype=torch.long) if args.cn_modes else None
