@@ -191,6 +191,33 @@ TEST_F(ControlNetJobs, KilledThenResumedBitIdenticalAndChecked) {
   }
 }
 
+// A control image rewritten in place (same path, same size, other pixels) after the checkpoint
+// was written: the resume is refused, naming the file.
+TEST_F(ControlNetJobs, ResumeRefusesAControlImageChangedInPlace) {
+  const SubtreeCase c = merged_case();
+  REQUIRE_PROJECT_CASE(c, kControlNetSubtree);
+  FLUXMPI_REQUIRE_FIXTURES();
+  const nlohmann::json& call = c.json.at("call");
+  const std::string first = controlnet_path(c, "inputs/" + call.at("images")[0].get<std::string>());
+  const std::string second = controlnet_path(c, "inputs/" + call.at("images")[1].get<std::string>());
+  const std::string copy = path("control.png");
+  fs::copy_file(first, copy);
+  std::vector<std::string> a = case_args(c);
+  for (std::string& arg : a)
+    if (arg == first) arg = copy;
+  a.insert(a.end(), {"--checkpoint", path("killed.h5"), "-o", path("killed.png")});
+  ASSERT_NE(run_fluxmpi(2, a, kHangGuardSeconds, {"FLUXMPI_FAULT=kill@1:1"}).exit_code, 0);
+  fs::copy_file(second, copy, fs::copy_options::overwrite_existing);
+  // Of one size, the pixels tell them apart; else already the size the checkpoint records.
+  const bool same_size = png_pixels(first).sizes() == png_pixels(second).sizes();
+  const std::string expected = same_size ? "control image '" + copy + "' has changed since the checkpoint was written"
+                                         : "'controlnets[0].control_image size'";
+  JobResult r = run_fluxmpi(2, {"--resume", path("killed.h5"), "--no-progress", "-o", path("resumed.png")});
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(path("resumed.png")));
+}
+
 // --control-image with --resume alone belongs to the checkpoint's job: on a Control model's
 // (FluxControlPipeline, no ControlNets) it is that model's one image, so the same file resumes
 // the job, another is refused by the checkpoint and two are a usage error.
