@@ -143,7 +143,7 @@ pipeline::DenoiseSetup setup_of(const RunPlan& plan, at::ScalarType dtype, at::D
 }  // namespace
 
 void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* root, std::shared_ptr<flux::StageModel>& part,
-                   const parallel::StagePlan& stages, at::ScalarType dtype, at::Device device, const pipeline::Fault& fault,
+                   std::unique_ptr<pipeline::ResidualSource>& control, const parallel::StagePlan& stages, at::ScalarType dtype, at::Device device, const pipeline::Fault& fault,
                    Clock::time_point start) {
   const int rank = env.rank();
   const parallel::PipelineLayout layout = parallel::PipelineLayout::make(plan.world_size, plan.stages);
@@ -151,6 +151,7 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
   const parallel::PipelineComms comms(env.world(), layout);
   pipeline::DenoiseSetup setup = setup_of(plan, dtype, device, fault);
   setup.first_world_rank = layout.leader_of_pipeline(layout.pipeline_of(rank));
+  setup.control = pipeline::family_named(plan.family).control_routing(io::ModelDir(plan.sources), plan);
   std::unique_ptr<parallel::Messenger> messenger;
   if (layout.stages() > 1) messenger = std::make_unique<parallel::Messenger>(comms.pipeline);
 
@@ -181,6 +182,10 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
   }
   share_leader_job(job, comms.leaders, device);
   job.install_blend();
+  if (control != nullptr) {
+    control->take_inputs(job.state.groups);
+    job.state.control = control.get();
+  }
 
   // Hand-out: with several pipelines each leader takes the next group from the shared counter
   // whenever one of its S slots is free.
@@ -224,7 +229,8 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
     messenger.reset();
     std::sort(mine.begin(), mine.end());
     keep_finals();
-    part = nullptr;  // stage-wise memory: the transformer slice goes before the VAE comes
+    part = nullptr;  // stage-wise memory: the transformer slice (and the ControlNets) go before the VAE comes
+    control.reset();
     decode_images(io::ModelDir(plan.sources), plan, comms.pipeline, dtype, device, mine, final_latents,
                   [&](int64_t i, const io::RgbImage& pixels) { sender.send_image(i, pixels); });
     sender.finish();
@@ -277,7 +283,8 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
     if (job.decode_only[i].defined()) mine.push_back(static_cast<int64_t>(i));
   std::sort(mine.begin(), mine.end());
   keep_finals();
-  part = nullptr;  // stage-wise memory: the transformer slice goes before the VAE comes
+  part = nullptr;  // stage-wise memory: the transformer slice (and the ControlNets) go before the VAE comes
+  control.reset();
   const auto t_decode = Clock::now();
   if (decode_images(*run.model, plan, comms.pipeline, dtype, device, mine, final_latents, store, serve))
     root->times.push_back({"decode", seconds_since(t_decode), stage_peak()});

@@ -14,6 +14,7 @@
 #include "models/flux/stage_model.h"
 #include "parallel/mpi_env.h"
 #include "parallel/partition.h"
+#include "pipeline/denoise.h"
 #include "pipeline/fault.h"
 
 namespace fluxmpi::app {
@@ -21,10 +22,11 @@ namespace fluxmpi::app {
 using pipeline::RunPlan;
 
 /// `root`: world rank 0's state (null elsewhere). `part`: this rank's slice of the transformer for
-/// its stage of `stages` (the S-rank plan); a leader releases it before it decodes. `start`: when
+/// its stage of `stages` (the S-rank plan); a leader releases it before it decodes. `control`: a
+/// leader's ControlNets (null without), released with the slice. `start`: when
 /// the job started, for the summary.
 void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* root, std::shared_ptr<flux::StageModel>& part,
-                   const parallel::StagePlan& stages, at::ScalarType dtype, at::Device device, const pipeline::Fault& fault,
+                   std::unique_ptr<pipeline::ResidualSource>& control, const parallel::StagePlan& stages, at::ScalarType dtype, at::Device device, const pipeline::Fault& fault,
                    Clock::time_point start);
 
 }  // namespace fluxmpi::app

@@ -106,6 +106,7 @@ LeaderJob make_leader_job(RootRun& root, const RunPlan& plan, ckpt::CheckpointWr
     };
     in.features = gather_cond(&pipeline::Conditioning::features);
     in.reference = gather_cond(&pipeline::Conditioning::reference);
+    in.controlnet = gather_cond(&pipeline::Conditioning::controlnet);
     state.groups.push_back(std::move(in));
     if (job.inpaint) {
       pipeline::Conditioning b;

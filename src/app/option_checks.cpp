@@ -66,13 +66,13 @@ void check_model(const Settings& s, RunConfig& c) {
 // heavy), the strength within (0, 1].
 void check_image_inputs(const Settings& s, RunConfig& c) {
   std::error_code ec;
-  for (auto [name, out] : {std::pair<const char*, std::string*>{"image", &c.image}, {"mask", &c.mask},
-                           {"control-image", &c.control_image}}) {
+  for (auto [name, out] : {std::pair<const char*, std::string*>{"image", &c.image}, {"mask", &c.mask}}) {
     if (!s.has(name)) continue;
     *out = s.text(name);
     if (out->empty()) s.fail(name, "must not be empty");
     *out = fs::absolute(*out, ec).lexically_normal().string();
   }
+  check_controlnets(s, c);
   c.strength = s.number("strength", 0.0, "must be in (0, 1]");
   if (c.strength && (*c.strength <= 0.0 || *c.strength > 1.0))
     s.fail("strength", str_cat("must be in (0, 1] (1 = the whole schedule), got ", *c.strength));
@@ -80,6 +80,65 @@ void check_image_inputs(const Settings& s, RunConfig& c) {
   c.no_auto_resize = s.flag("no-auto-resize");
   c.pipeline = s.text("pipeline");
   if (s.has("pipeline") && c.pipeline.empty()) s.fail("pipeline", "must not be empty");
+}
+
+namespace {
+
+// One value of a repeatable option as a number (integer: whole), with the option named.
+double list_number(const Settings& s, const Settings::Value& v, const char* name, bool integer) {
+  double out = 0;
+  int64_t whole = 0;
+  const char* end = v.text.data() + v.text.size();
+  const auto r = integer ? std::from_chars(v.text.data(), end, whole) : std::from_chars(v.text.data(), end, out);
+  if (v.text.empty() || r.ec != std::errc() || r.ptr != end || (!integer && !std::isfinite(out)))
+    s.fail(v, name, str_cat("must be ", integer ? "an integer" : "a finite number", ", got '", v.text, "'"));
+  return integer ? static_cast<double>(whole) : out;
+}
+
+}  // namespace
+
+// --controlnet DIR (folders, absolute) and --control-image FILE (repeatable: with --controlnet the
+// ControlNets' images, absolute; without, the one image of a Control model); the values of
+// --control-mode, --controlnet-scale and --control-guidance-start/-end (paired with the images and
+// the nets once the model is known: pipeline/controlnet_options.h).
+void check_controlnets(const Settings& s, RunConfig& c) {
+  std::error_code ec;
+  for (const Settings::Value& v : s.list("controlnet")) {
+    if (v.text.empty()) s.fail(v, "controlnet", "must not be empty");
+    if (!fs::is_directory(v.text, ec))
+      s.fail(v, "controlnet", str_cat("'", v.text, "': ", fs::exists(v.text, ec) ? "not a folder" : "not found",
+                                      " (a FluxControlNetModel folder: config.json and its weights)"));
+    c.controlnets.push_back(fs::absolute(v.text, ec).lexically_normal().string());
+  }
+  std::vector<std::string> images;
+  for (const Settings::Value& v : s.list("control-image")) {
+    if (v.text.empty()) s.fail(v, "control-image", "must not be empty");
+    images.push_back(fs::absolute(v.text, ec).lexically_normal().string());
+  }
+  if (!c.controlnets.empty()) {
+    c.controlnet_images = images;
+  } else if (s.has("resume")) {
+    // Whose images these are comes from the checkpoint (fill_controlnets_from_checkpoint): a
+    // ControlNet job's, or a Control model's one.
+    c.controlnet_images = images;
+    if (images.size() == 1) c.control_image = images.front();
+  } else if (images.size() > 1) {
+    s.fail("control-image", str_cat("is given ", images.size(), " times: several control images are for ControlNets "
+                                     "(--controlnet DIR); a Control model takes one"));
+  } else if (!images.empty()) {
+    c.control_image = images.front();
+  }
+  for (const Settings::Value& v : s.list("control-mode"))
+    c.control_modes.push_back(static_cast<int64_t>(list_number(s, v, "control-mode", true)));
+  for (const Settings::Value& v : s.list("controlnet-scale")) c.controlnet_scales.push_back(list_number(s, v, "controlnet-scale", false));
+  for (const Settings::Value& v : s.list("control-guidance-start"))
+    c.control_guidance_starts.push_back(list_number(s, v, "control-guidance-start", false));
+  for (const Settings::Value& v : s.list("control-guidance-end"))
+    c.control_guidance_ends.push_back(list_number(s, v, "control-guidance-end", false));
+  // A resumed run takes its ControlNets from the checkpoint (pipeline/flux1/controlnet_mode.h).
+  if (c.controlnets.empty() && !s.has("resume"))
+    for (const char* name : {"control-mode", "controlnet-scale", "control-guidance-start", "control-guidance-end"})
+      if (s.has(name)) s.fail(name, "needs --controlnet DIR (a FLUX ControlNet folder)");
 }
 
 // --lora FILE[:SCALE], in the order given: each file must exist (its contents are checked against

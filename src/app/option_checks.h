@@ -16,6 +16,9 @@ std::string normalise_dtype(const Settings& s);
 void check_model(const Settings& s, RunConfig& c);
 /// --image, --mask, --control-image (absolute), --strength, --max-area, --no-auto-resize, --pipeline.
 void check_image_inputs(const Settings& s, RunConfig& c);
+/// --controlnet folders, --control-image (one, or the ControlNets' images), --control-mode,
+/// --controlnet-scale, --control-guidance-start/-end; the ControlNet flags need --controlnet.
+void check_controlnets(const Settings& s, RunConfig& c);
 /// --lora FILE[:SCALE], each file present, absolute.
 void check_loras(const Settings& s, RunConfig& c);
 /// FLUX.1 Redux: the folder, the images (absolute paths) and the scales; the Redux options need

@@ -78,6 +78,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
   const at::ScalarType dtype = nn::parse_dtype(plan.dtype);
   at::Device device = at::kCPU;
   std::shared_ptr<flux::StageModel> part;  // this rank's blocks, FLUX.1 or FLUX.2
+  std::unique_ptr<pipeline::ResidualSource> control;  // a pipeline leader's ControlNets (none without)
   std::optional<parallel::StagePlan> stages;
   pipeline::Fault fault;
   code = kExitOk;
@@ -139,6 +140,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     part = family.load_part(dir, plan, *stages, stage, dtype, device, &stats);
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
                seconds_text(seconds_since(t_load)));
+    if (stage == 0) control = family.residual_source(plan, dtype, device);
   } catch (const std::exception& e) {
     code = report(e);
   }
@@ -149,7 +151,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
   // Phases 3 and 4: the pipelines denoise, the leaders decode. From here on a failure on any rank
   // aborts the whole job.
   try {
-    run_pipelines(plan, env, root.get(), part, *stages, dtype, device, fault, start);
+    run_pipelines(plan, env, root.get(), part, control, *stages, dtype, device, fault, start);
     return kExitOk;
   } catch (const std::exception& e) {
     env.abort(report(e));

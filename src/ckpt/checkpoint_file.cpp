@@ -276,6 +276,11 @@ void CheckpointFile::validate_image(int64_t i) {
                                                  "\"prompt_embeds_scale\", \"pooled_prompt_embeds_scale\", \"image_tokens\", \"text\"}"));
     a.redux = std::move(*redux);
   }
+  if (h5::has_attribute(g.get(), "controlnets")) {
+    auto runs = controlnets_from_json(h5::read_string_attribute(g.get(), "controlnets", group_where));
+    if (!runs) throw CheckpointError(str_cat(group_where, ": attribute 'controlnets' is not a JSON array of ControlNet runs"));
+    a.controlnets = std::move(*runs);
+  }
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

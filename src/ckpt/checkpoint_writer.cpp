@@ -275,6 +275,7 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
       h5::write_attribute(g.get(), "condition_height", a.condition_height, where);
       h5::write_attribute(g.get(), "condition_width", a.condition_width, where);
     }
+    if (!a.controlnets.empty()) h5::write_attribute(g.get(), "controlnets", controlnets_to_json(a.controlnets), where);
 
     for (const DatasetSpec& spec : dataset_specs(shapes[i])) {
       const std::string name = image_object(static_cast<int64_t>(i), spec.name);

@@ -136,9 +136,20 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
   s.mask_h = image.mask.height, s.mask_w = image.mask.width;
   s.control_h = image.control_image.height, s.control_w = image.control_image.width;
   const std::string& p = image.pipeline;
-  if (p != "text2img" && p != "img2img" && p != "inpaint" && p != "fill" && p != "control" && p != "kontext")
+  if (p != "text2img" && p != "img2img" && p != "inpaint" && p != "fill" && p != "control" && p != "kontext" &&
+      p != "controlnet")
     throw CheckpointError(str_cat(where, ": attribute 'pipeline' is '", p,
-                                  "', expected text2img, img2img, inpaint, fill, control or kontext"));
+                                  "', expected text2img, img2img, inpaint, fill, control, kontext or controlnet"));
+  if ((p == "controlnet") != !image.controlnets.empty())
+    throw CheckpointError(str_cat(where, ": attribute 'controlnets' lists ", image.controlnets.size(),
+                                  " ControlNet runs for pipeline '", p, "'"));
+  for (const ControlNetUse& run : image.controlnets) {
+    if (run.height <= 0 || run.width <= 0)
+      throw CheckpointError(str_cat(where, ": attribute 'controlnets': control image '", run.control_image, "' of size ",
+                                    run.height, "x", run.width));
+    s.controlnet_inputs.emplace_back(run.height, run.width);
+    if (!run.pixels) ++s.controlnet_latents;
+  }
   if (p == "img2img" || p == "inpaint" || p == "control") s.condition_tokens = s.image_tokens, s.condition_dim = s.token_dim;
   if (p == "fill") s.condition_tokens = s.image_tokens, s.condition_dim = 5 * s.token_dim;
   if (p == "kontext" && image.condition_height > 0)
@@ -203,6 +214,11 @@ std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
   if (s.mask_h > 0) specs.push_back({"inputs/mask", T::UInt8, {s.mask_h, s.mask_w}, false});
   if (s.control_h > 0) specs.push_back({"inputs/control_image", T::UInt8, {s.control_h, s.control_w, 3}, false});
   if (s.condition_tokens > 0) specs.push_back({"latents/image", T::Float32, {s.condition_tokens, s.condition_dim}, false});
+  for (size_t k = 0; k < s.controlnet_inputs.size(); ++k)
+    specs.push_back({str_cat("inputs/controlnet_image_", k), T::UInt8,
+                     {s.controlnet_inputs[k].first, s.controlnet_inputs[k].second, 3}, false});
+  if (s.controlnet_latents > 0)
+    specs.push_back({"latents/controlnet", T::Float32, {s.controlnet_latents, s.image_tokens, s.token_dim}, false});
   if (s.pipeline == "inpaint") {
     specs.push_back({"latents/noise", T::Float32, {s.image_tokens, s.token_dim}, false});
     specs.push_back({"latents/mask", T::Float32, {s.image_tokens, s.token_dim}, false});
@@ -320,6 +336,19 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
     }
     d.field(w, "redux image tokens", s.redux.image_tokens, r.redux.image_tokens);
     d.field(w, "redux zero text", s.redux.zero_text, r.redux.zero_text);
+    d.field(w, "number of controlnets", static_cast<int64_t>(s.controlnets.size()), static_cast<int64_t>(r.controlnets.size()));
+    for (size_t k = 0; k < s.controlnets.size() && k < r.controlnets.size(); ++k) {
+      const ControlNetUse &a = s.controlnets[k], &b = r.controlnets[k];
+      auto name = [&](const char* f) { return str_cat("controlnets[", k, "].", f); };
+      d.field(w, name("controlnet").c_str(), a.controlnet, b.controlnet);
+      d.field(w, name("control_image").c_str(), a.control_image, b.control_image);
+      d.field(w, name("control_image size").c_str(), std::vector<int64_t>{a.height, a.width},
+              std::vector<int64_t>{b.height, b.width});
+      d.field(w, name("mode").c_str(), a.mode, b.mode);
+      d.field(w, name("scale").c_str(), a.scale, b.scale);
+      d.field(w, name("guidance_start").c_str(), a.guidance_start, b.guidance_start);
+      d.field(w, name("guidance_end").c_str(), a.guidance_end, b.guidance_end);
+    }
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/controlnet_runs.h"
 #include "io/configs.h"
 #include "io/lora_file.h"
 
@@ -74,7 +75,7 @@ struct ImageAttributes {
   int64_t patches = 1;              ///< M; 1: every step exact
   int64_t warmup_steps = 1;         ///< W
   // Image inputs (docs/images.md, docs/hdf5-format.md); files without these attributes are text2img.
-  std::string pipeline = "text2img";  ///< pipeline::mode_name: text2img, img2img, inpaint, fill, control, kontext
+  std::string pipeline = "text2img";  ///< pipeline::mode_name: text2img, img2img, inpaint, fill, control, kontext, controlnet
   std::string family = "flux1";
   double strength = 1.0;              ///< img2img, inpaint, Fill (1 for the other modes)
   /// Steps of the full num_inference_steps schedule that the strength skips: the schedule and the
@@ -99,6 +100,8 @@ struct ImageAttributes {
     bool zero_text = false;      ///< no prompt: the prior's zero text (no CLIP/T5 ids are stored)
     bool enabled() const { return !model.empty(); }
   } redux;
+  /// ControlNet images: every run (attribute `controlnets`; absent: none).
+  std::vector<ControlNetUse> controlnets;
 };
 /// The `redux` attribute's JSON ({"model", "images": [{"path", "height", "width"}], "prompt_embeds_scale",
 /// "pooled_prompt_embeds_scale", "image_tokens", "text": "prompt" | "zeros"}) and back; nullopt when
@@ -137,6 +140,10 @@ struct ImageShape {
   int64_t image_h = 0, image_w = 0, mask_h = 0, mask_w = 0, control_h = 0, control_w = 0;  ///< inputs/* (0: none)
   int64_t condition_tokens = 0;       ///< rows of latents/image (0: none)
   int64_t condition_dim = 0;          ///< its features
+  /// ControlNet images: each control image's size (inputs/controlnet_image_<k>), and the runs whose
+  /// control latents are stored (latents/controlnet [n, L_img, token_dim]; XLabs runs store none).
+  std::vector<std::pair<int64_t, int64_t>> controlnet_inputs;
+  int64_t controlnet_latents = 0;
 };
 
 /// Element type of a dataset, as stored.

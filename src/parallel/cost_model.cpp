@@ -8,7 +8,7 @@
 namespace fluxmpi::parallel::detail {
 
 CostModel::CostModel(const PlanRequest& r)
-    : r_(r), p_(r.family ? r.family->params : count_transformer_params(r.transformer)) {
+    : r_(r), p_(r.family ? r.family->params : count_transformer_params(r.transformer)), controlnet_(r) {
   const io::TransformerConfig& c = r.transformer;
   const int64_t D = c.inner_dim();
   const double m = static_cast<double>(r.microbatch);
@@ -28,7 +28,8 @@ CostModel::CostModel(const PlanRequest& r)
   embedder_flops_ = m * (2.0 * c.in_channels * Dd * r.image_tokens + 2.0 * c.joint_attention_dim * Dd * r.text_tokens +
                          2.0 * time_text);
   final_flops_ = m * (2.0 * Dd * 2 * Dd + 2.0 * Dd * c.out_channels * r.image_tokens);
-  total_flops_ = embedder_flops_ + final_flops_ + c.num_layers * double_flops_ + c.num_single_layers * single_flops_;
+  total_flops_ = embedder_flops_ + final_flops_ + c.num_layers * double_flops_ + c.num_single_layers * single_flops_ +
+                 controlnet_.step_flops();
 
   activation_bytes_ = transformer_activations();
   if (r.clip) encoder_weight_bytes_ += to_bytes(count_clip_text_params(*r.clip), r.dtype_bytes);
@@ -50,7 +51,8 @@ StageEstimate CostModel::estimate(int rank, int64_t first, int64_t last) const {
   e.step_flops = doubles * double_flops_ + singles * single_flops_;
   if (rank == 0) {
     params += p_.embedders;
-    e.step_flops += embedder_flops_;
+    e.step_flops += embedder_flops_ + controlnet_.step_flops();
+    e.controlnet_weight_bytes = controlnet_.weight_bytes();
   }
   if (rank == r_.world_size - 1) {
     params += p_.final_layer;
@@ -63,7 +65,9 @@ StageEstimate CostModel::estimate(int rank, int64_t first, int64_t last) const {
   const uint64_t resident =
       kRuntimeBaselineBytes + e.weight_bytes + (rank == 0 && r_.keep_encoders ? encoder_weight_bytes_ : 0);
   e.kv_cache_bytes = static_cast<uint64_t>(last - first + 1) * r_.kv_cache_block_bytes;
-  e.denoise_bytes = resident + activation_bytes_ + e.kv_cache_bytes;
+  e.residual_bytes = controlnet_.denoise_bytes(rank, first, last);
+  // The ControlNets are freed with the slice, before the decode.
+  e.denoise_bytes = resident + e.controlnet_weight_bytes + activation_bytes_ + e.kv_cache_bytes + e.residual_bytes;
   e.peak_bytes = e.denoise_bytes;
   if (rank == 0) {
     e.job_bytes = job_bytes_;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "parallel/controlnet_costs.h"
 #include "parallel/decode_plan.h"
 #include "parallel/partition.h"
 
@@ -31,6 +32,12 @@ class CostModel {
   uint64_t activation_bytes() const { return activation_bytes_; }
   uint64_t job_bytes() const { return job_bytes_; }
   bool encodes() const { return r_.clip || r_.t5 || r_.llm; }
+  const ControlNetCosts& controlnet() const { return controlnet_; }
+  /// The compute balance's load of a slice, in block runs per step: its blocks once per pass, and
+  /// on rank 0 the ControlNets' blocks once per step.
+  int64_t block_load(int rank, int64_t first, int64_t last) const {
+    return (last - first + 1) * r_.passes + (rank == 0 ? controlnet_.block_runs() : 0);
+  }
 
   /// The estimate of `rank` running global blocks first..last.
   StageEstimate estimate(int rank, int64_t first, int64_t last) const;
@@ -56,6 +63,7 @@ class CostModel {
   uint64_t encoder_weight_bytes_ = 0, encoder_activation_bytes_ = 0;
   uint64_t vae_weight_bytes_ = 0, vae_activation_bytes_ = 0;
   uint64_t job_bytes_ = 0;
+  ControlNetCosts controlnet_;
 };
 
 }  // namespace fluxmpi::parallel::detail

@@ -47,7 +47,7 @@ std::optional<at::ScalarType> dtype_of_code(int64_t code) {
   }
 }
 
-bool known_kind(int64_t kind) { return kind >= 1 && kind <= 11; }
+bool known_kind(int64_t kind) { return kind >= 1 && kind <= 12; }
 
 bool mpi_is_cuda_aware() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -86,6 +86,7 @@ const char* message_kind_name(MessageKind kind) {
     case MessageKind::StepRow: return "StepRow";
     case MessageKind::ImagePixels: return "ImagePixels";
     case MessageKind::LeaderDone: return "LeaderDone";
+    case MessageKind::ControlResiduals: return "ControlResiduals";
   }
   return "UnknownKind";
 }

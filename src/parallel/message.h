@@ -53,9 +53,13 @@ enum class MessageKind : int32_t {
   ImagePixels = 10,
   /// A pipeline leader to world rank 0: all of its rows and images are sent (an empty [0] tensor).
   LeaderDone = 11,
+  /// A pipeline's rank 0, which runs the ControlNets, to a rank whose blocks add their residuals
+  /// (pipeline/denoise.h), posted right after the unit's first stream message: the samples that
+  /// rank's blocks add, stacked [k, m, L_unit, D] (pass 0; both passes of true CFG use them).
+  ControlResiduals = 12,
 };
 /// "DoubleStreams" | "JointStream" | "NoisePred" | "TextHidden" | "TextStates" | "DecodeLatents" |
-/// "DecodedTile" | "End" | "StepRow" | "ImagePixels" | "LeaderDone"
+/// "DecodedTile" | "End" | "StepRow" | "ImagePixels" | "LeaderDone" | "ControlResiduals"
 const char* message_kind_name(MessageKind kind);
 
 /// Which image, step and pass a message belongs to.

@@ -126,7 +126,7 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
     // FLOPs (rank 0's embedders, the last rank's final layer); memory: peaks, then block counts.
     auto cost = [&](int rank, int64_t first, int64_t last) {
       const StageEstimate e = model.estimate(rank, first, last);
-      const int64_t blocks = last - first + 1, peak = static_cast<int64_t>(e.peak_bytes);
+      const int64_t blocks = model.block_load(rank, first, last), peak = static_cast<int64_t>(e.peak_bytes);
       const int64_t flops = std::llround(e.step_flops);
       return r.balance == Balance::Compute ? std::vector<int64_t>{blocks, peak, flops} : std::vector<int64_t>{peak, blocks};
     };
@@ -205,6 +205,13 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
                         " (text embeddings and latents) = ", format_bytes(model.job_bytes()), "; activations per rank ",
                         format_bytes(model.activation_bytes()), " (microbatch ", r.microbatch, ")\n");
     plan.footer_ = stages;
+  }
+  if (r.controlnet) {
+    plan.footer_ += model.controlnet().describe();
+    std::string held = "residuals and ControlNet buffers (in the peaks):";
+    for (int rank = 0; rank < P; ++rank)
+      held += str_cat(rank ? "," : "", " rank ", rank, " ", format_bytes(plan.estimates_[rank].residual_bytes));
+    plan.footer_ += held + "\n";
   }
   if (r.kv_cache_block_bytes > 0) {
     std::string kv = str_cat("patch pipelining: key/value buffers ", format_bytes(r.kv_cache_block_bytes),

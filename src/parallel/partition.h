@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/configs.h"
+#include "io/controlnet_config.h"
 #include "io/flux2_configs.h"
 #include "parallel/decode_plan.h"
 
@@ -118,6 +119,9 @@ struct StageEstimate {
   double flops_share = 0;         ///< step_flops / the whole transformer's
   uint64_t activation_bytes = 0;  ///< transformer working set (streams, messages, MLP, scores, RoPE)
   uint64_t kv_cache_bytes = 0;    ///< patch pipelining: the key/value buffers of this rank's blocks
+  uint64_t controlnet_weight_bytes = 0;  ///< rank 0: the ControlNets' weights
+  uint64_t residual_bytes = 0;    ///< ControlNets: residual samples held while denoising (and rank 0's
+                                  ///< embedded control images and ControlNet key/value buffers)
   uint64_t denoise_bytes = 0;     ///< runtime + weights (+ resident encoders) + activations + KV buffers
   uint64_t encode_bytes = 0;      ///< rank 0 while encoding prompts; 0 elsewhere
   uint64_t image_encode_bytes = 0;  ///< rank 0 while the VAE encodes input images; 0 elsewhere
@@ -149,6 +153,16 @@ struct LlmEncoderCosts {
 /// Flux2Transformer2DModel by formula (no biases; the modulation linears counted with the
 /// embedders; SwiGLU feed-forwards of int(D * mlp_ratio)).
 FamilyCosts flux2_family_costs(const io::Flux2TransformerConfig& config);
+
+/// ControlNets of the job (parallel/controlnet_costs.h): rank 0 of a pipeline loads every net,
+/// runs each run once per step and sends every other rank the residual samples its blocks add.
+struct ControlNetRequest {
+  std::vector<io::ControlNetConfig> nets;  ///< each loaded once
+  std::vector<size_t> runs;                ///< per run (a net on one control image): its net
+  io::ResidualLayout layout;               ///< the merged samples and the blocks they feed
+};
+/// FluxControlNetModel's parameters by formula from its config (checkable against its weights).
+int64_t count_controlnet_params(const io::ControlNetConfig& config);
 
 /// What a plan is made from.
 struct PlanRequest {
@@ -188,6 +202,8 @@ struct PlanRequest {
   uint64_t image_encode_bytes = 0;
   /// FLUX.1 Redux: rank 0's SigLIP + embedder stage (parallel/encode_memory.h); 0 without Redux.
   uint64_t redux_encode_bytes = 0;
+  /// ControlNets (absent: none): their weights, compute and residuals count on the ranks.
+  std::optional<ControlNetRequest> controlnet;
 };
 
 /// Which blocks each rank runs, and what each rank is estimated to hold. Rank 0 owns the

@@ -2,6 +2,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -19,6 +20,15 @@ std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches
     out.push_back({row * cols, n * cols});
     row += n;
   }
+  return out;
+}
+
+std::vector<int64_t> ControlRouting::samples_of(int64_t first, int64_t last) const {
+  std::vector<int64_t> out;
+  for (int64_t b = first; b <= last && b < static_cast<int64_t>(sample_of_block.size()); ++b)
+    if (sample_of_block[b] >= 0 && std::find(out.begin(), out.end(), sample_of_block[b]) == out.end())
+      out.push_back(sample_of_block[b]);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -80,6 +90,13 @@ class Worker {
     kv_.resize(setup.groups.size());
     step_v_.resize(setup.groups.size());
     for (auto& passes : kv_) passes.resize(static_cast<size_t>(setup.passes));
+    if (setup.control.enabled()) {
+      FLUX_CHECK(static_cast<int64_t>(setup.control.sample_of_block.size()) == plan.num_blocks() &&
+                     static_cast<int64_t>(setup.control.active_steps.size()) == setup.steps,
+                 "ControlNet routing for ", setup.control.sample_of_block.size(), " blocks and ",
+                 setup.control.active_steps.size(), " steps, the job has ", plan.num_blocks(), " and ", setup.steps);
+      for (int r = 0; r < P_; ++r) samples_of_rank_.push_back(setup.control.samples_of(plan.blocks(r).first, plan.blocks(r).last));
+    }
   }
 
   // The units of a group's step, in the order they flow.
@@ -174,7 +191,9 @@ class Worker {
                    header, from);
       messenger_->recv_payload(from, header, buffers);
       flux::StreamState s = state_of(buffers, u);
-      run_blocks(s, gi, c.step, c.pass, u);
+      const bool control = setup_.control.active(c.step);
+      if (control && c.pass == 0) receive_residuals(g, c.step, u);
+      run_blocks(s, gi, c.step, c.pass, u, control);
       if (rank_ + 1 < P_) {
         send_state(s, g, c.step, c.pass, u);
       } else {
@@ -249,13 +268,25 @@ class Worker {
     for (size_t ui = 0; ui < us.size(); ++ui) {
       // Steady state: what this unit needs of the group's previous step is back from the last rank.
       if (P_ > 1 && step > g.start_step) collect_previous(root, gi, step, ui);
+      // ControlNets: the unit's residual samples, from its conditional inputs.
+      const bool control = setup_.control.active(step);
+      std::vector<at::Tensor> samples;
+      if (control) {
+        FLUX_CHECK(root.control != nullptr, "ControlNet routing without a ControlNet source on rank 0");
+        samples = root.control->samples(request(gi, step, us[ui]), inputs(root, gi, step, 0, us[ui]));
+        set_residuals(samples);
+      }
       std::vector<at::Tensor> local;
       for (int pass = 0; pass < setup_.passes; ++pass) {
         trigger(setup_.fault, fault_rank_, step);
         flux::StreamState s = part_.embed(inputs(root, gi, step, pass, us[ui]));
-        run_blocks(s, gi, step, pass, us[ui]);
-        if (P_ == 1) local.push_back(noise_prediction(s, us[ui]));
-        else send_state(s, g, step, pass, us[ui]);
+        run_blocks(s, gi, step, pass, us[ui], control);
+        if (P_ == 1) {
+          local.push_back(noise_prediction(s, us[ui]));
+        } else {
+          send_state(s, g, step, pass, us[ui]);
+          if (control && pass == 0) send_residuals(samples, g, step, us[ui]);
+        }
       }
       if (P_ == 1) finish_unit(root, gi, step, us[ui], local);
     }
@@ -294,14 +325,69 @@ class Worker {
     return v;
   }
 
+  // Whether an exact step of the group fills the key/value caches for the pipelined step after it.
+  bool fills_caches(const WorkGroup& g, int64_t step, const Unit& u) const {
+    return u.patch < 0 && step + 1 < setup_.steps && !setup_.exact_step(g, step + 1);
+  }
+
+  ResidualRequest request(size_t gi, int64_t step, const Unit& u) const {
+    const WorkGroup& g = setup_.groups[gi];
+    ResidualRequest r;
+    r.group = gi;
+    r.step = step;
+    r.patch = u.patch;
+    r.text = u.text;
+    r.image = u.image;
+    r.fills = fills_caches(g, step, u);
+    r.last = step == setup_.steps - 1 && (u.patch < 0 || u.patch == static_cast<int32_t>(setup_.patches) - 1);
+    return r;
+  }
+
+  // This rank's residual per block it holds, from samples indexed by sample number.
+  void set_residuals(const std::vector<at::Tensor>& by_sample) {
+    const parallel::StageBlocks& b = plan_.blocks(rank_);
+    residuals_.assign(static_cast<size_t>(b.count()), at::Tensor());
+    for (int64_t i = 0; i < b.count(); ++i) {
+      const int64_t sample = setup_.control.sample_of_block[static_cast<size_t>(b.first + i)];
+      if (sample >= 0) residuals_[static_cast<size_t>(i)] = by_sample.at(static_cast<size_t>(sample));
+    }
+  }
+
+  // Rank 0, after a unit's first stream message: each rank's samples, stacked, point to point.
+  void send_residuals(const std::vector<at::Tensor>& samples, const WorkGroup& g, int64_t step, const Unit& u) {
+    for (int r = 1; r < P_; ++r) {
+      const std::vector<int64_t>& wanted = samples_of_rank_[static_cast<size_t>(r)];
+      if (wanted.empty()) continue;
+      std::vector<at::Tensor> parts;
+      for (int64_t k : wanted) parts.push_back(samples.at(static_cast<size_t>(k)));
+      messenger_->send(r, MessageTag{MessageKind::ControlResiduals, g.first_image, step, 0, u.patch}, {at::stack(parts)});
+    }
+  }
+
+  // Ranks 1..S-1, after a unit's first stream message: the samples this rank's blocks add.
+  void receive_residuals(const WorkGroup& g, int64_t step, const Unit& u) {
+    const std::vector<int64_t>& wanted = samples_of_rank_[static_cast<size_t>(rank_)];
+    std::vector<at::Tensor> by_sample;
+    if (!wanted.empty()) {
+      auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
+      std::vector<at::Tensor> buffers = {at::empty(
+          {static_cast<int64_t>(wanted.size()), g.count, u.image.count, part_.stream_dim()}, opts)};
+      messenger_->recv_into(0, MessageTag{MessageKind::ControlResiduals, g.first_image, step, 0, u.patch}, buffers);
+      by_sample.resize(static_cast<size_t>(wanted.back()) + 1);
+      for (size_t j = 0; j < wanted.size(); ++j) by_sample[static_cast<size_t>(wanted[j])] = buffers[0][static_cast<int64_t>(j)];
+    }
+    set_residuals(by_sample);
+  }
+
   // This rank's blocks on one unit, with the key/value caches when the step is pipelined or the
-  // next one will be (an exact step fills them).
-  void run_blocks(flux::StreamState& s, size_t gi, int64_t step, int pass, const Unit& u) {
+  // next one will be (an exact step fills them), and with the unit's residuals in a ControlNet step.
+  void run_blocks(flux::StreamState& s, size_t gi, int64_t step, int pass, const Unit& u, bool control = false) {
     const WorkGroup& g = setup_.groups[gi];
     const bool pipelined = u.patch >= 0;
-    const bool fills = !pipelined && step + 1 < setup_.steps && !setup_.exact_step(g, step + 1);
+    const bool fills = fills_caches(g, step, u);
+    const flux::BlockResiduals* residuals = control ? &residuals_ : nullptr;
     if (!pipelined && !fills) {
-      part_.run_blocks(s, rope_);
+      part_.run_blocks(s, rope_, {}, nullptr, residuals);
       return;
     }
     std::vector<flux::KvCache>& kv = kv_[gi][static_cast<size_t>(pass)];
@@ -314,7 +400,7 @@ class Worker {
     for (flux::KvCache& c : kv) c.offset = offset;
     flux::RopeTables rope = rope_;
     if (pipelined) rope = {rope_.cos.narrow(0, offset, u.tokens()), rope_.sin.narrow(0, offset, u.tokens())};
-    part_.run_blocks(s, rope, {}, &kv);
+    part_.run_blocks(s, rope, {}, &kv, residuals);
     // The group's last unit of its last step: its caches are not needed any more.
     if (step == setup_.steps - 1 && u.patch == static_cast<int32_t>(setup_.patches) - 1) kv.clear();
   }
@@ -377,6 +463,8 @@ class Worker {
   std::vector<Unit> patch_units_;                             // the M patches of a pipelined step
   std::vector<std::vector<std::vector<flux::KvCache>>> kv_;  // [group][pass][block held]
   std::vector<at::Tensor> step_v_;                            // rank 0, per group: v of the pipelined step being finished
+  std::vector<std::vector<int64_t>> samples_of_rank_;         // ControlNets: the samples each rank's blocks add
+  flux::BlockResiduals residuals_;                            // ControlNets: this rank's, for the current unit
 };
 
 }  // namespace

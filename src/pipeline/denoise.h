@@ -64,6 +64,22 @@ struct TokenRange {
 /// rows, as equal as the rows allow (the first rows % patches patches get one row more).
 std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches);
 
+/// Where ControlNet residuals go; the same on every rank of a pipeline.
+struct ControlRouting {
+  /// Per global block: the merged residual sample it adds (io::ResidualLayout), or -1. Empty: no
+  /// ControlNet.
+  std::vector<int64_t> sample_of_block;
+  /// Per step: whether its units carry residuals (a ControlNet acts at that step).
+  std::vector<bool> active_steps;
+
+  bool enabled() const { return !sample_of_block.empty(); }
+  bool active(int64_t step) const {
+    return enabled() && step >= 0 && step < static_cast<int64_t>(active_steps.size()) && active_steps[step];
+  }
+  /// The distinct samples that global blocks [first, last] add, ascending.
+  std::vector<int64_t> samples_of(int64_t first, int64_t last) const;
+};
+
 /// What every rank knows of the job: the shape of every message and the order of the work.
 struct DenoiseSetup {
   int64_t steps = 0;        ///< N
@@ -81,6 +97,7 @@ struct DenoiseSetup {
   Fault fault;  ///< reliability tests only (FLUXMPI_FAULT, FLUXMPI_DELAY)
   /// The world rank of this pipeline's rank 0: faults name world ranks (0 with one pipeline).
   int first_world_rank = 0;
+  ControlRouting control;  ///< ControlNet residuals (none by default)
 
   int64_t image_tokens() const { return (latent_height / 2) * (latent_width / 2); }
   int64_t reference_tokens() const { return (reference_height / 2) * (reference_width / 2); }
@@ -103,10 +120,15 @@ struct GroupInputs {
   at::Tensor features;
   /// Kontext: [m, Li, 4C] reference tokens appended to the latents' tokens; undefined otherwise.
   at::Tensor reference;
+  /// ControlNets: [m, K, L, 4C] the control latents of the K runs, or [m, K, 3, H, W] their pixels
+  /// (XLabs layout); the group's ResidualSource takes them before the loop (undefined then).
+  at::Tensor controlnet;
 
   /// Every field, in a fixed order: what a pipeline leader receives of a group from world rank 0
   /// (app/leader_job.cpp). A field a mode adds is listed here too.
-  std::vector<at::Tensor*> tensors() { return {&latents, &text, &pooled, &neg_text, &neg_pooled, &features, &reference}; }
+  std::vector<at::Tensor*> tensors() {
+    return {&latents, &text, &pooled, &neg_text, &neg_pooled, &features, &reference, &controlnet};
+  }
 };
 
 /// Rank 0 is told about every finished step of a group.
@@ -115,6 +137,30 @@ class DenoiseObserver {
   virtual ~DenoiseObserver() = default;
   /// After step `step` of `group`: latents = x_{step+1}, v = the (combined) noise prediction.
   virtual void on_step(const WorkGroup& group, int64_t step, const at::Tensor& latents, const at::Tensor& v) = 0;
+};
+
+/// One unit of work, as rank 0 asks its ControlNets for the unit's residuals.
+struct ResidualRequest {
+  size_t group = 0;    ///< index into DenoiseSetup::groups
+  int64_t step = 0;
+  int32_t patch = -1;  ///< -1: the whole sequence
+  int64_t text = 0;    ///< text tokens the unit carries: all of them, or 0 (patches after the first)
+  TokenRange image;    ///< its image tokens
+  bool fills = false;  ///< an exact step before a pipelined one: key/value caches start here
+  bool last = false;   ///< the group's last unit of its last step: its caches may go
+  /// Where the unit's first token sits in a sequence of `text_tokens` text tokens, then the image.
+  int64_t offset(int64_t text_tokens) const { return text > 0 ? 0 : text_tokens + image.first; }
+};
+
+/// Rank 0's ControlNets (pipeline/control_residuals.h).
+class ResidualSource {
+ public:
+  virtual ~ResidualSource() = default;
+  /// Before the loop: takes every group's control inputs (GroupInputs::controlnet, left undefined).
+  virtual void take_inputs(std::vector<GroupInputs>& groups) = 0;
+  /// The merged residual samples of one unit, [m, image.count, D] each, indexed as
+  /// ControlRouting::sample_of_block counts them; `in` is the unit's conditional (pass 0) input.
+  virtual std::vector<at::Tensor> samples(const ResidualRequest& request, const flux::TransformerInputs& in) = 0;
 };
 
 /// Where a pipeline leader takes its work groups from (`--stages`: the job's shared counter).
@@ -142,6 +188,8 @@ struct RootState {
   size_t slots = 0;
   /// After a group's last step: its final latents are in groups[group].latents.
   std::function<void(size_t group)> on_group_done;
+  /// The ControlNets, when DenoiseSetup::control is enabled.
+  ResidualSource* control = nullptr;
 };
 
 /// Runs this rank's share of every step of every group its pipeline takes. `plan` and `rank` are

@@ -37,6 +37,10 @@ std::unique_ptr<SplitTextStage> Family::split_text_stage(const io::ModelDir&, co
   throw InternalError(str_cat("the ", name(), " family does not split its text encoder over ranks"));
 }
 
+ControlRouting Family::control_routing(const io::ModelDir&, const RunPlan&) const { return {}; }
+
+std::unique_ptr<ResidualSource> Family::residual_source(const RunPlan&, at::ScalarType, at::Device) const { return nullptr; }
+
 std::vector<EncodedImage> FamilyRoot::encode_images(const PreparedRun& run, at::ScalarType, at::Device) {
   return std::vector<EncodedImage>(run.images.size());
 }

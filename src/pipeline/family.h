@@ -72,6 +72,7 @@ struct PromptEmbeddings {
 struct EncodedImage {
   Conditioning conditioning;
   io::Image8 image, mask, control;  ///< as decoded; the mask as stored (grey)
+  std::vector<io::Image8> controlnet_images;  ///< ControlNets: each run's control image, as decoded
 };
 
 /// What FamilyRoot::encode_prompts did, for the log line the flow prints.
@@ -137,6 +138,12 @@ class Family {
   virtual std::unique_ptr<ImageDecoder> decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device) const = 0;
   /// A decode helper's tile decoder (pipeline/tile_decode.h), loaded here.
   virtual TileDecoder tile_decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device) const = 0;
+  /// ControlNets (pipeline/control_residuals.h): which block adds which residual sample and at which
+  /// steps they flow, the same on every rank of a pipeline. The default: none.
+  virtual ControlRouting control_routing(const io::ModelDir& dir, const RunPlan& plan) const;
+  /// A pipeline leader's ControlNets, loaded here; null when the run has none (the default).
+  virtual std::unique_ptr<ResidualSource> residual_source(const RunPlan& plan, at::ScalarType dtype,
+                                                          at::Device device) const;
 };
 
 /// The family of the model folder `dir` (ConfigError when no family holds it).

@@ -16,18 +16,6 @@ io::Image8 resized(const io::Image8& image, const flux::LatentGeometry& g) {
   return io::resize_lanczos(image, static_cast<int>(g.width), static_cast<int>(g.height));
 }
 
-// The generator's draw of the latent noise, [1, C, h, w] in `dtype` (diffusers' randn_tensor).
-at::Tensor draw_noise(at::Generator& gen, const flux::LatentGeometry& g, at::ScalarType dtype) {
-  return at::randn({1, g.channels, g.latent_height, g.latent_width}, gen, at::TensorOptions().dtype(dtype));
-}
-
-// encode -> sample (one draw) -> (z - shift) * scale, [1, C, h, w] on the CPU in the encoder's dtype.
-at::Tensor encode_sample(const vae::VaeEncoder& encoder, const at::Tensor& x, at::Generator& gen,
-                         const vae::EncodeOptions& options) {
-  vae::LatentDistribution dist = encoder->encode(x.to(encoder->dtype()), options);
-  return encoder->normalize(dist.sample(gen)).to(at::kCPU);
-}
-
 // Fill's mask at pixel resolution as 64 channels per latent cell: mask[:, 0].view(n, h, 8, w, 8)
 // .permute(0, 2, 4, 1, 3) -> channel ky * 8 + kx of cell (i, j) = pixel (8i + ky, 8j + kx).
 at::Tensor fill_mask_channels(const at::Tensor& mask, const flux::LatentGeometry& g, int64_t scale) {
@@ -36,6 +24,16 @@ at::Tensor fill_mask_channels(const at::Tensor& mask, const flux::LatentGeometry
 }
 
 }  // namespace
+
+at::Tensor draw_noise(at::Generator& gen, const flux::LatentGeometry& g, at::ScalarType dtype) {
+  return at::randn({1, g.channels, g.latent_height, g.latent_width}, gen, at::TensorOptions().dtype(dtype));
+}
+
+at::Tensor encode_sample(const vae::VaeEncoder& encoder, const at::Tensor& x, at::Generator& gen,
+                         const vae::EncodeOptions& options) {
+  vae::LatentDistribution dist = encoder->encode(x.to(encoder->dtype()), options);
+  return encoder->normalize(dist.sample(gen)).to(at::kCPU);
+}
 
 at::Tensor image_pixels(const io::Image8& image) {
   at::Tensor t = at::empty({image.height, image.width, image.channels}, at::kByte);

@@ -18,6 +18,13 @@
 
 namespace fluxmpi::pipeline {
 
+/// The generator's draw of the latent noise, [1, C, h, w] in `dtype` (diffusers' randn_tensor).
+at::Tensor draw_noise(at::Generator& gen, const flux::LatentGeometry& geometry, at::ScalarType dtype);
+/// VAE encode -> latent_dist.sample(generator) (one draw) -> (z - shift) * scale: [1, C, h, w] on
+/// the CPU in the encoder's dtype.
+at::Tensor encode_sample(const vae::VaeEncoder& encoder, const at::Tensor& x, at::Generator& gen,
+                         const vae::EncodeOptions& options);
+
 /// The pixels of an 8-bit image as a [H, W, channels] uint8 tensor (a copy).
 at::Tensor image_pixels(const io::Image8& image);
 
@@ -48,6 +55,7 @@ struct Conditioning {
   at::Tensor features;  ///< [1, L, E] run dtype: appended to the latents' features (Fill 320, Control 64)
   at::Tensor image_latents, noise, mask;  ///< inpaint: [1, L, 4C] each, what the per-step blend needs
   at::Tensor reference;  ///< Kontext: [1, Li, 4C] run dtype, the reference tokens after the output's
+  at::Tensor controlnet;  ///< ControlNets: [1, K, L, 4C] control latents or [1, K, 3, H, W] pixels, run dtype
 };
 
 /// Computes the conditioning of one image: `encoder` in the run dtype, `full` the N-step schedule

@@ -11,6 +11,7 @@ namespace {
 constexpr std::pair<PipelineMode, const char*> kModeNames[] = {
     {PipelineMode::Text2Img, "text2img"}, {PipelineMode::Img2Img, "img2img"}, {PipelineMode::Inpaint, "inpaint"},
     {PipelineMode::Fill, "fill"},         {PipelineMode::Control, "control"}, {PipelineMode::Kontext, "kontext"},
+    {PipelineMode::ControlNet, "controlnet"},
 };
 
 // A diffusers class name or a --pipeline name: the model kind it needs and, for the img2img and
@@ -106,6 +107,16 @@ ResolvedMode resolve_mode(const ModeRequest& r) {
   ResolvedMode out;
   out.kind = kind;
   const std::string model = str_cat("a ", kind_name(kind), " model");
+  if (r.controlnet) {
+    // FluxControlNetPipeline: a FLUX.1 text-to-image transformer with ControlNets beside it.
+    if (kind != ModelKind::Base || (!r.pipeline_option.empty() && find_pipeline(r.pipeline_option)->kind != ModelKind::Base))
+      throw UsageError(str_cat("--controlnet needs a FLUX.1 text-to-image model (FluxControlNetPipeline); this is ", model));
+    if (r.image || r.mask)
+      throw UsageError(str_cat(r.image ? "--image" : "--mask", ": --controlnet runs text-to-image with control images "
+                               "(FluxControlNetPipeline); give the ControlNets' images with --control-image"));
+    out.mode = PipelineMode::ControlNet;
+    return out;
+  }
   switch (kind) {
     case ModelKind::Base:
       if (r.control_image)

@@ -8,6 +8,7 @@
 ///   fill      FluxFillPipeline                   --image and --mask on a Fill model (in_channels 384)
 ///   control   FluxControlPipeline                --control-image on a Canny/Depth model (in_channels 128)
 ///   kontext   FluxKontextPipeline                [--image] on a Kontext model (shapes of FLUX.1-dev)
+///   controlnet FluxControlNetPipeline            --controlnet DIR and --control-image on a FLUX.1 model
 ///
 /// The model's kind comes from model_index.json's _class_name, else from the transformer's
 /// in_channels, else from --pipeline (a Kontext single file has FLUX.1-dev's shapes).
@@ -20,9 +21,10 @@
 
 namespace fluxmpi::pipeline {
 
-enum class PipelineMode { Text2Img, Img2Img, Inpaint, Fill, Control, Kontext };
+enum class PipelineMode { Text2Img, Img2Img, Inpaint, Fill, Control, Kontext, ControlNet };
 
-/// The checkpoint's `pipeline` attribute: "text2img", "img2img", "inpaint", "fill", "control", "kontext".
+/// The checkpoint's `pipeline` attribute: "text2img", "img2img", "inpaint", "fill", "control", "kontext",
+/// "controlnet".
 const char* mode_name(PipelineMode mode);
 /// The inverse of mode_name; nullopt for another text.
 std::optional<PipelineMode> parse_mode_name(const std::string& name);
@@ -38,6 +40,7 @@ struct ModeRequest {
   int64_t out_channels = 64;
   std::string pipeline_option;  ///< --pipeline NAME, empty when not given
   bool image = false, mask = false, control_image = false;
+  bool controlnet = false;  ///< --controlnet (FluxControlNetPipeline on a FLUX.1 model)
 };
 
 /// The model's kind and the job's mode. Throws UsageError (a contradiction between the folder, the

@@ -28,6 +28,10 @@ struct JobInputs {
   pipeline::PipelineMode mode = pipeline::PipelineMode::Text2Img;
   std::vector<ImageSources> images;  ///< one per image of the job (empty for a dry run)
   pipeline::PixelSize condition;     ///< Kontext with an image: the reference's encoded size (all images)
+  /// ControlNets: each run's control image (the same for every image of the job) and whether the
+  /// nets read its pixels (XLabs layout) rather than its VAE latents.
+  std::vector<ckpt::ImageAttributes::Input> controlnet_images;
+  bool controlnet_pixels = false;
 
   /// Whether the job runs the VAE encoder (text2img and Kontext without an image do not).
   bool encodes() const;

@@ -72,6 +72,13 @@ struct RunConfig {
   std::string pipeline;            ///< --pipeline NAME, empty when not given
   std::optional<int64_t> max_area; ///< Kontext: --max-area (default 1024 x 1024)
   bool no_auto_resize = false;     ///< Kontext: --no-auto-resize
+  // ControlNets (docs/controlnet.md): --controlnet folders and, with them, every --control-image
+  // (absolute paths; without --controlnet the one --control-image is `control_image`, a Control
+  // model's); --control-mode, --controlnet-scale, --control-guidance-start/-end as given (one value
+  // for every control image, or one per image).
+  std::vector<std::string> controlnets, controlnet_images;
+  std::vector<int64_t> control_modes;
+  std::vector<double> controlnet_scales, control_guidance_starts, control_guidance_ends;
 
   // FLUX.1 Redux (docs/redux.md): absolute paths, empty when not given.
   std::string redux_model;                ///< --redux-model: a FluxPriorReduxPipeline folder

@@ -40,6 +40,12 @@ std::string to_json(const RunPlan& p) {
   j["checkpoint"] = {p.checkpoint, p.checkpoint_every};
   j["decode_ranks"] = p.decode_ranks;
   j["loras"] = nlohmann::json::parse(io::loras_to_json(p.loras));
+  j["controlnets"] = p.controlnets;
+  j["control_runs"] = nlohmann::json::array();
+  for (const ControlRun& r : p.control_runs)
+    j["control_runs"].push_back({r.net, r.mode, r.scale, r.guidance_start, r.guidance_end});
+  j["control_layout"] = {p.control_layout.double_samples, p.control_layout.single_samples, p.control_layout.repeat};
+  j["controlnet_guidance"] = p.controlnet_guidance;
   return j.dump();
 }
 
@@ -87,6 +93,13 @@ RunPlan run_plan_from_json(const std::string& text) {
     auto loras = io::loras_from_json(j.at("loras").dump());
     if (!loras) throw CommError("malformed run plan from rank 0: 'loras'");
     p.loras = std::move(*loras);
+    p.controlnets = j.at("controlnets").get<std::vector<std::string>>();
+    for (const auto& r : j.at("control_runs"))
+      p.control_runs.push_back(ControlRun{r.at(0).get<size_t>(), r.at(1).get<int64_t>(), r.at(2).get<double>(),
+                                          r.at(3).get<double>(), r.at(4).get<double>()});
+    const nlohmann::json& l = j.at("control_layout");
+    p.control_layout = io::ResidualLayout{l.at(0).get<int64_t>(), l.at(1).get<int64_t>(), l.at(2).get<bool>()};
+    p.controlnet_guidance = j.at("controlnet_guidance").get<double>();
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw CommError(str_cat("malformed run plan from rank 0: ", e.what()));

@@ -11,6 +11,8 @@
 #include "io/model_dir.h"
 #include "models/flux/latents.h"
 #include "parallel/partition.h"
+#include "io/controlnet_config.h"
+#include "pipeline/control_residuals.h"
 #include "pipeline/denoise.h"
 
 namespace fluxmpi::pipeline {
@@ -52,6 +54,12 @@ struct RunPlan {
   /// pipeline's communicator), its leader first; one rank (or none): the leader decodes alone.
   std::vector<int> decode_ranks;
   std::vector<io::LoraSpec> loras;           ///< merged by every rank into the modules it owns
+  /// ControlNets (docs/controlnet.md): the folders each pipeline leader loads, the runs (a net on
+  /// one control image), the merged samples' layout every rank routes by, the ControlNets' guidance.
+  std::vector<std::string> controlnets;
+  std::vector<ControlRun> control_runs;
+  io::ResidualLayout control_layout;
+  double controlnet_guidance = 0;
 };
 
 std::string to_json(const RunPlan& plan);

@@ -1,7 +1,7 @@
 // libFuzzer target: io::ConfigReader and the typed config parsers. The first byte picks the
-// config kind ('t' transformer, 's' scheduler, 'v' VAE, 'c' CLIP text, '5' T5, and FLUX.1 Redux's
-// 'g' SigLIP vision, 'p' SigLIP processor, 'r' Redux embedder; other bytes by value), the rest is
-// the config.json text.
+// config kind ('t' transformer, 's' scheduler, 'v' VAE, 'c' CLIP text, '5' T5, 'n' ControlNet, and
+// FLUX.1 Redux's 'g' SigLIP vision, 'p' SigLIP processor, 'r' Redux embedder; other bytes by value),
+// the rest is the config.json text.
 // Contract: a parser returns a config or throws ConfigError; a config it returns survives the
 // round trip through to_json() unchanged (the Redux configs have no to_json: they only parse).
 // Anything else is a bug.
@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "io/configs.h"
+#include "io/controlnet_config.h"
 #include "io/redux_dir.h"
 
 namespace {
@@ -56,11 +57,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (k == 'r') parse_only(text, fluxmpi::io::parse_redux_embedder_config);
     return 0;
   }
-  switch (k == 't' ? 0 : k == 's' ? 1 : k == 'v' ? 2 : k == 'c' ? 3 : k == '5' ? 4 : k % 5) {
+  switch (k == 't' ? 0 : k == 's' ? 1 : k == 'v' ? 2 : k == 'c' ? 3 : k == '5' ? 4 : k == 'n' ? 5 : k % 5) {
     case 0: round_trip(text, fluxmpi::io::parse_transformer_config); break;
     case 1: round_trip(text, fluxmpi::io::parse_scheduler_config); break;
     case 2: round_trip(text, fluxmpi::io::parse_vae_config); break;
     case 3: round_trip(text, fluxmpi::io::parse_clip_text_config); break;
+    case 5: round_trip(text, fluxmpi::io::parse_controlnet_config); break;
     default: round_trip(text, fluxmpi::io::parse_t5_config); break;
   }
   return 0;

@@ -52,6 +52,12 @@ TEST(MessageHeader, Describes) {
   v.tag.patch = 3;
   v.tensors = {TensorSpec{at::kFloat, {1, 1024, 64}}};
   EXPECT_EQ(v.describe(), "NoisePred(image 0, step 27, pass 1, patch 3, fp32 [1, 1024, 64])");
+  // ControlNet residuals: the samples a rank's blocks add, stacked.
+  MessageHeader r;
+  r.tag = MessageTag{MessageKind::ControlResiduals, 2, 4, 0, 1};
+  r.tensors = {TensorSpec{at::kBFloat16, {3, 1, 1024, 3072}}};
+  EXPECT_EQ(r.describe(), "ControlResiduals(image 2, step 4, pass 0, patch 1, bf16 [3, 1, 1024, 3072])");
+  EXPECT_EQ(decode_header(encode_header(r), 0, 2), r);
 }
 
 TEST(MessageHeader, MismatchNamesBothSidesAndBothHeaders) {
@@ -91,7 +97,7 @@ TEST(MessageHeader, MalformedWireFormIsACommError) {
   };
   EXPECT_NE(bad(0, 42).find("rank 1 received a malformed message header from rank 0: bad magic number"), std::string::npos);
   EXPECT_NE(bad(1, 1).find("protocol version 1, this build speaks 2"), std::string::npos);
-  EXPECT_NE(bad(2, 12).find("unknown message kind 12"), std::string::npos);
+  EXPECT_NE(bad(2, 13).find("unknown message kind 13"), std::string::npos);
   EXPECT_NE(bad(5, 2).find("pass 2"), std::string::npos);
   EXPECT_NE(bad(6, 0).find("0 tensors"), std::string::npos);
   EXPECT_NE(bad(6, kMaxMessageTensors + 1).find("tensors (1 to"), std::string::npos);

@@ -43,6 +43,11 @@ struct StreamState {
 /// Called after every block with its name ("double_block_3", "single_block_0") — for tests.
 using BlockObserver = std::function<void(const std::string& name, const StreamState& state)>;
 
+/// Residuals added to the image tokens after blocks (ControlNet samples, models/flux/controlnet.h):
+/// one entry per block held, in order, [B, L, D] over the state's image tokens (a window's rows
+/// with patch pipelining); an undefined entry adds nothing.
+using BlockResiduals = std::vector<at::Tensor>;
+
 class StageModel {
  public:
   virtual ~StageModel() = default;
@@ -56,9 +61,10 @@ class StageModel {
   virtual RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const = 0;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first
   /// single block. With `kv` (patch pipelining: one cache per block held, in order; see
-  /// kv_caches) the state is a window of the sequence and `rope` holds the window's rows.
+  /// kv_caches) the state is a window of the sequence and `rope` holds the window's rows. With
+  /// `residuals` (FLUX.1 only) each block's entry is added to its output's image tokens.
   virtual void run_blocks(StreamState& state, const RopeTables& rope, const BlockObserver& observe = {},
-                          std::vector<KvCache>* kv = nullptr) const = 0;
+                          std::vector<KvCache>* kv = nullptr, const BlockResiduals* residuals = nullptr) const = 0;
   /// One key/value cache per block held, each [batch, tokens, heads, head_dim] (uninitialised).
   virtual std::vector<KvCache> kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const = 0;
   /// Final norm + projection on the image tokens (last part only) -> [B, L, output_channels()].

@@ -83,13 +83,18 @@ RopeTables FluxTransformerImpl::rope(const at::Tensor& txt_ids, const at::Tensor
 }
 
 void FluxTransformerImpl::run_blocks(StreamState& s, const RopeTables& rope, const BlockObserver& observe,
-                                     std::vector<KvCache>* kv) const {
-  FLUX_CHECK(kv == nullptr || kv->size() == double_blocks.size() + single_blocks.size(), "one KV cache per block: ",
-             kv ? kv->size() : 0, " for ", double_blocks.size() + single_blocks.size(), " blocks");
+                                     std::vector<KvCache>* kv, const BlockResiduals* residuals) const {
+  const size_t blocks = double_blocks.size() + single_blocks.size();
+  FLUX_CHECK(kv == nullptr || kv->size() == blocks, "one KV cache per block: ", kv ? kv->size() : 0, " for ", blocks, " blocks");
+  FLUX_CHECK(residuals == nullptr || residuals->size() == blocks, "one residual entry per block: ", residuals ? residuals->size() : 0,
+             " for ", blocks, " blocks");
   auto cache = [&](size_t block) { return kv != nullptr ? &(*kv)[block] : nullptr; };
+  // The block's residual, or an undefined tensor.
+  auto residual = [&](size_t block) { return residuals != nullptr ? (*residuals)[block] : at::Tensor(); };
   for (size_t i = 0; i < double_blocks.size(); ++i) {
     FLUX_CHECK(!s.is_joint(), "double block after the streams were joined");
     std::tie(s.txt, s.img) = double_blocks[i]->forward(s.txt, s.img, s.temb, rope, cache(i));
+    if (const at::Tensor r = residual(i); r.defined()) s.img = s.img + r;
     if (observe) observe("double_block_" + std::to_string(first_double_ + static_cast<int64_t>(i)), s);
   }
   for (size_t i = 0; i < single_blocks.size(); ++i) {
@@ -99,6 +104,8 @@ void FluxTransformerImpl::run_blocks(StreamState& s, const RopeTables& rope, con
       s.img = at::Tensor();
     }
     s.joint = single_blocks[i]->forward(s.joint, s.temb, rope, cache(double_blocks.size() + i));
+    if (const at::Tensor r = residual(double_blocks.size() + i); r.defined())
+      s.joint.narrow(1, s.text_len, s.joint.size(1) - s.text_len).add_(r);
     if (observe) observe("single_block_" + std::to_string(first_single_ + static_cast<int64_t>(i)), s);
   }
 }

@@ -46,9 +46,11 @@ class FluxTransformerImpl : public torch::nn::Module, public StageModel {
   RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const override;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first
   /// single block. With `kv` (patch pipelining: one cache per block held, in order; see
-  /// kv_caches) the state is a window of the sequence and `rope` holds the window's rows.
+  /// kv_caches) the state is a window of the sequence and `rope` holds the window's rows. With
+  /// `residuals` (ControlNet samples; one entry per block held) each block's entry is added to its
+  /// image tokens, as FluxTransformer2DModel adds controlnet_(single_)block_samples.
   void run_blocks(StreamState& state, const RopeTables& rope, const BlockObserver& observe = {},
-                  std::vector<KvCache>* kv = nullptr) const override;
+                  std::vector<KvCache>* kv = nullptr, const BlockResiduals* residuals = nullptr) const override;
   /// One key/value cache per block held, each [batch, tokens, heads, head_dim] (uninitialised).
   std::vector<KvCache> kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const override;
   /// norm_out + proj_out on the image tokens -> [B, L, out_channels].

@@ -100,7 +100,9 @@ flux::RopeTables Flux2TransformerImpl::rope(const at::Tensor& txt_ids, const at:
 }
 
 void Flux2TransformerImpl::run_blocks(flux::StreamState& s, const flux::RopeTables& rope,
-                                      const flux::BlockObserver& observe, std::vector<flux::KvCache>* kv) const {
+                                      const flux::BlockObserver& observe, std::vector<flux::KvCache>* kv,
+                                      const flux::BlockResiduals* residuals) const {
+  FLUX_CHECK(residuals == nullptr, "FLUX.2 blocks take no ControlNet residuals");
   const size_t held = double_blocks.size() + single_blocks.size();
   FLUX_CHECK(kv == nullptr || kv->size() == held, "one KV cache per block: ", kv ? kv->size() : 0, " for ", held,
              " blocks");

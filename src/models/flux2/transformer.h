@@ -59,8 +59,9 @@ class Flux2TransformerImpl : public torch::nn::Module, public flux::StageModel {
   /// single block; reads the modulation from `state`. With `kv` (patch pipelining: one cache per
   /// block held, in order; see kv_caches) the state is a window of the sequence and `rope` holds
   /// the window's rows.
+  /// FLUX.2 takes no ControlNet residuals (`residuals` must be null).
   void run_blocks(flux::StreamState& state, const flux::RopeTables& rope, const flux::BlockObserver& observe = {},
-                  std::vector<flux::KvCache>* kv = nullptr) const override;
+                  std::vector<flux::KvCache>* kv = nullptr, const flux::BlockResiduals* residuals = nullptr) const override;
   /// One key/value cache per block held, each [batch, tokens, heads, head_dim] (uninitialised).
   std::vector<flux::KvCache> kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const override;
   /// norm_out + proj_out on the image tokens -> [B, L, out_channels].

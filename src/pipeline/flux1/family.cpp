@@ -1,9 +1,11 @@
 #include "pipeline/flux1/family.h"
 
 #include "core/log.h"
+#include "models/flux/controlnet.h"
 #include "models/flux/lora_targets.h"
 #include "models/flux/transformer.h"
 #include "models/vae/image_processor.h"
+#include "pipeline/control_residuals.h"
 #include "pipeline/flux1/loras.h"
 #include "pipeline/noise.h"
 #include "pipeline/run_plan.h"
@@ -68,6 +70,29 @@ class Flux1Family : public Family {
 
   TileDecoder tile_decoder(const io::ModelDir& dir, at::ScalarType dtype, at::Device device) const override {
     return tile_decoder_of(std::make_shared<vae::VaeDecoder>(vae::load_vae_decoder(dir, dtype, device)));
+  }
+
+  ControlRouting control_routing(const io::ModelDir& dir, const RunPlan& plan) const override {
+    if (plan.controlnets.empty()) return {};
+    return pipeline::control_routing(plan.control_layout, dir.transformer_config(), plan.control_runs, plan.steps,
+                                     plan.patches);
+  }
+
+  std::unique_ptr<ResidualSource> residual_source(const RunPlan& plan, at::ScalarType dtype,
+                                                  at::Device device) const override {
+    if (plan.controlnets.empty()) return nullptr;
+    std::vector<flux::FluxControlNet> nets;
+    for (const std::string& dir : plan.controlnets) nets.push_back(flux::load_flux_controlnet(dir, dtype, device));
+    DenoiseSetup setup;
+    setup.steps = plan.steps;
+    setup.text_tokens = plan.text_tokens;
+    setup.latent_height = plan.latent_height;
+    setup.latent_width = plan.latent_width;
+    setup.patches = plan.patches;
+    setup.warmup_steps = plan.warmup_steps;
+    setup.dtype = dtype;
+    setup.device = device;
+    return std::make_unique<ControlResiduals>(std::move(nets), plan.control_runs, setup, plan.controlnet_guidance);
   }
 };
 

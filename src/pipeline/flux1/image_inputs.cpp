@@ -76,6 +76,7 @@ JobInputs resolve_image_mode(RunConfig& c, const io::ModelDir& dir) {
   request.image = !image.empty();
   request.mask = !mask.empty();
   request.control_image = !control.empty();
+  request.controlnet = !c.controlnets.empty();
   const pipeline::ResolvedMode resolved = pipeline::resolve_mode(request);
   JobInputs in;
   in.kind = resolved.kind;

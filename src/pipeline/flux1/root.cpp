@@ -13,6 +13,8 @@
 #include "models/vae/vae_decoder.h"
 #include "models/vae/vae_encoder.h"
 #include "parallel/encode_memory.h"
+#include "models/flux/controlnet.h"
+#include "pipeline/flux1/controlnet_mode.h"
 #include "pipeline/flux1/defaults.h"
 #include "pipeline/flux1/image_inputs.h"
 #include "pipeline/flux1/image_stage.h"
@@ -69,12 +71,19 @@ class Flux1Root : public FamilyRoot {
 
   void resolve(PreparedRun& run, const ckpt::CheckpointReader* checkpoint) override {
     RunConfig& c = run.config;
-    if (checkpoint)
+    if (checkpoint) {
       fill_inputs_from_checkpoint(c, checkpoint->attributes(0), 2 * checkpoint->file().vae_scale_factor);
+      fill_controlnets_from_checkpoint(c, checkpoint->attributes(0));
+    }
     redux_ = ReduxJob::resolve(c, checkpoint);  // before the defaults: Redux's sequence length is 512
     if (redux_ && checkpoint) redux_->check_unchanged(*checkpoint);
     const io::ModelDir& dir = *run.model;
     run.inputs = resolve_image_mode(c, dir);
+    if (run.inputs.mode == PipelineMode::ControlNet) controlnet_ = resolve_controlnet_job(c, dir, run.inputs);
+    else if (!c.control_modes.empty() || !c.controlnet_scales.empty() || !c.control_guidance_starts.empty() ||
+             !c.control_guidance_ends.empty())
+      resolve_controlnets({{}, {}, c.control_modes, c.controlnet_scales, c.control_guidance_starts, c.control_guidance_ends},
+                          dir.transformer_config(), dir.vae_config().scale_factor());  // throws: no --controlnet
     resolve_defaults(c, dir);
     const io::TransformerConfig& tc = dir.transformer_config();
     run.geometry = flux::latent_geometry(*c.height, *c.width, dir.vae_config().scale_factor(), tc.latent_channels());
@@ -98,6 +107,7 @@ class Flux1Root : public FamilyRoot {
   void complete_attributes(const PreparedRun& run, size_t image, ckpt::ImageAttributes& a) const override {
     set_input_attributes(a, run.inputs, image);
     if (redux_) a.redux = redux_->attributes();
+    if (controlnet_) set_controlnet_attributes(a, *controlnet_, run.inputs);
   }
 
   void file_attributes(const PreparedRun& run, ckpt::FileAttributes& file) const override {
@@ -126,8 +136,11 @@ class Flux1Root : public FamilyRoot {
     }
     if (c.dry_run) check_all_components(dir);
     else vae::check_vae_weights(dir);
-    if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) vae::check_vae_encoder_weights(dir);
+    if (run.inputs.encodes() && !run.inputs.controlnet_pixels && (c.dry_run || run.any_encoding()))
+      vae::check_vae_encoder_weights(dir);
     if (redux_ && (c.dry_run || run.any_encoding())) redux_->check_weights(dir);
+    if (controlnet_)
+      for (const std::string& net : controlnet_->nets) flux::check_controlnet_weights(net);
     loras_ = check_loras(c.loras, dir, /*with_text=*/needs_text(run));
   }
 
@@ -140,7 +153,8 @@ class Flux1Root : public FamilyRoot {
     }
     if (redux_) redux_->plan(request, c.dry_run || run.any_encoding());
     request.vae = dir.vae_config();
-    if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) {
+    if (controlnet_) request.controlnet = controlnet_request(*controlnet_);
+    if (run.inputs.encodes() && !run.inputs.controlnet_pixels && (c.dry_run || run.any_encoding())) {
       // Rank 0's encode stage: one input at a time, at the size it is encoded at.
       const bool qc = vae::parse_vae_encoder_config(dir.read_config("vae/config.json")).use_quant_conv;
       const bool kontext = run.inputs.mode == PipelineMode::Kontext;
@@ -159,7 +173,8 @@ class Flux1Root : public FamilyRoot {
       encode = str_cat("VAE encoder stage (rank 0, before its blocks load): weights ", format_bytes(encode_stage_->weight_bytes),
                        " + activations ", format_bytes(encode_stage_->activation_bytes), " = ",
                        format_bytes(encode_stage_->total()), "\n");
-    return job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) + encode +
+    return job_text(c, dir, run.geometry, request.images, *run.stages) + describe_inputs(run.inputs, *c.steps) +
+           (controlnet_ ? describe_controlnets(*controlnet_, run.inputs) : std::string()) + encode +
            (redux_ ? redux_->describe() : std::string()) +
            dir.describe_sources() + run.pipelines_text + run.stages->table() + lora_table(loras_, *run.stages);
   }
@@ -178,6 +193,7 @@ class Flux1Root : public FamilyRoot {
     plan.reference_width = run.inputs.condition.width / vae_scale;
     plan.loras = run.config.loras;
     if (redux_) plan.text_tokens += redux_->tokens();  // the images' tokens follow the prompt's
+    if (controlnet_) controlnet_plan(*controlnet_, *run.config.guidance, plan);
   }
 
   // Stage 1: CLIP and T5 (with the LoRAs' text-encoder parts) on each distinct (prompt, prompt_2).
@@ -218,6 +234,7 @@ class Flux1Root : public FamilyRoot {
   }
 
   std::vector<EncodedImage> encode_images(const PreparedRun& run, at::ScalarType dtype, at::Device device) override {
+    if (controlnet_) return encode_controlnet_images(run, dtype, device);
     return encode_image_inputs(run, dtype, device);
   }
 
@@ -227,6 +244,10 @@ class Flux1Root : public FamilyRoot {
     if (run.inputs.mode == PipelineMode::Text2Img) return "";
     std::string d = describe_inputs(run.inputs, *run.config.steps);
     d.pop_back();  // its newline
+    if (controlnet_) {
+      d += "; " + describe_controlnets(*controlnet_, run.inputs);
+      d.pop_back();
+    }
     return d;
   }
 
@@ -258,11 +279,13 @@ class Flux1Root : public FamilyRoot {
 
   void write_conditioning(ckpt::CheckpointWriter& writer, int64_t image, const PreparedRun& run,
                           const EncodedImage& encoded) const override {
-    pipeline::write_conditioning(writer, image, run.inputs.mode, encoded);
+    if (controlnet_) write_controlnet_conditioning(writer, image, encoded);
+    else pipeline::write_conditioning(writer, image, run.inputs.mode, encoded);
   }
 
   Conditioning stored_conditioning(const ckpt::CheckpointReader& reader, int64_t image, const PreparedRun& run,
                                    at::ScalarType dtype) const override {
+    if (controlnet_) return stored_controlnet_conditioning(reader, image, run, dtype);
     return pipeline::stored_conditioning(reader, image, run.inputs.mode, dtype);
   }
 
@@ -281,6 +304,7 @@ class Flux1Root : public FamilyRoot {
   bool needs_text(const PreparedRun& run) const {
     return (run.config.dry_run || run.any_encoding()) && !(redux_ && redux_->attributes().zero_text);
   }
+  std::optional<ControlNetSetup> controlnet_;  // --controlnet
 };
 
 }  // namespace

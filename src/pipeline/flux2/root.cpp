@@ -56,6 +56,8 @@ void refuse_unsupported(const RunConfig& c, io::Flux2Kind kind) {
                              " takes --guidance as diffusers' guidance_scale (klein base: true CFG with the empty "
                              "negative prompt when > 1); there is no separate negative prompt"));
   if (!c.loras.empty()) throw UsageError(str_cat("--lora: LoRAs are supported for FLUX.1 models only, not ", what));
+  if (!c.controlnets.empty())
+    throw UsageError(str_cat("--controlnet: FLUX ControlNets serve FLUX.1 models (FluxControlNetPipeline), not ", what));
   for (const char* option : {"transformer", "vae", "text-encoder", "text-encoder-2", "model-config"})
     if (c.was_given(option))
       throw UsageError(str_cat("--", option, ": ", what, " is read from its diffusers folder (--model DIR) only"));

@@ -76,6 +76,14 @@ def versions(torch, diffusers):
     return {"torch": torch.__version__, "diffusers": diffusers.__version__, "threads": torch.get_num_threads()}
 
 
+def token_ids(torch, h, w, text_tokens):
+    """FluxPipeline's position ids of an (h, w) packed latent grid of 2x2 patches and of the text."""
+    img_ids = torch.zeros(h // 2, w // 2, 3)
+    img_ids[..., 1] += torch.arange(h // 2)[:, None]
+    img_ids[..., 2] += torch.arange(w // 2)[None, :]
+    return img_ids.reshape((h // 2) * (w // 2), 3), torch.zeros(text_tokens, 3)
+
+
 def forward(args, mods):
     import torch
     diffusers, _, _, FluxTransformer2DModel, _ = mods
@@ -91,11 +99,7 @@ def forward(args, mods):
     latents = torch.randn(1, tokens, cfg.in_channels, generator=g).to(dt)
     text = torch.randn(1, args.msl, cfg.joint_attention_dim, generator=g).to(dt)
     pooled = torch.randn(1, cfg.pooled_projection_dim, generator=g).to(dt)
-    img_ids = torch.zeros(h // 2, w // 2, 3)
-    img_ids[..., 1] += torch.arange(h // 2)[:, None]
-    img_ids[..., 2] += torch.arange(w // 2)[None, :]
-    img_ids = img_ids.reshape(tokens, 3)
-    txt_ids = torch.zeros(args.msl, 3)
+    img_ids, txt_ids = token_ids(torch, h, w, args.msl)
     timestep = torch.full((1,), 0.5, dtype=dt)
     guidance = torch.full((1,), 3.5, dtype=torch.float32) if cfg.guidance_embeds else None
     times = []
