@@ -57,6 +57,12 @@ StageEstimate CostModel::estimate(int rank, int64_t first, int64_t last) const {
     e.step_flops += final_flops_;
   }
   e.weight_bytes = to_bytes(params, r_.dtype_bytes);
+  if (r_.stored) {
+    e.weight_bytes = 0;
+    for (int64_t b = first; b <= last; ++b) e.weight_bytes += block_weight_bytes(b);
+    if (rank == 0) e.weight_bytes += r_.stored->embedders;
+    if (rank == r_.world_size - 1) e.weight_bytes += r_.stored->final_layer;
+  }
   e.flops_share = e.step_flops / total_flops_;
   e.activation_bytes = activation_bytes_;
   // Rank 0 keeps its slice while it decodes: later images are still in the pipeline then.
@@ -103,7 +109,7 @@ uint64_t CostModel::transformer_activations() const {
   const int64_t mlp = kMlpTensors * m * L * mlp_hidden_ * b;
   const uint64_t scores = kScoreTensors * score_chunk_bytes(m * c.num_attention_heads, L, L, b, r_.attention_chunk_bytes);
   const int64_t rope = 2 * L * c.attention_head_dim * 4;  // cos and sin tables, fp32
-  return static_cast<uint64_t>(streams + mlp + rope) + scores;
+  return static_cast<uint64_t>(streams + mlp + rope) + scores + (r_.stored ? r_.stored->scratch_bytes : 0);
 }
 
 uint64_t CostModel::text_activations() const {

@@ -149,10 +149,25 @@ struct LlmEncoderCosts {
 /// embedders; SwiGLU feed-forwards of int(D * mlp_ratio)).
 FamilyCosts flux2_family_costs(const io::Flux2TransformerConfig& config);
 
+/// The transformer's weights as the ranks hold them when they are not converted to the run dtype:
+/// a GGUF file's block-quantized tensors stay as stored (models/common/quantized_linear.h), the
+/// others are converted. Bytes per block (in execution order within each kind) and for the parts
+/// of rank 0 and of the last rank.
+struct StoredWeights {
+  std::vector<uint64_t> double_blocks, single_blocks;
+  uint64_t embedders = 0;    ///< rank 0's input embedders (and FLUX.2's global modulation)
+  uint64_t final_layer = 0;  ///< norm_out, proj_out
+  uint64_t scratch_bytes = 0;  ///< working memory of the dequantization (one panel at a time)
+  std::string label;         ///< how they are stored, for the table: "GGUF: Q8_0 x 304, F32 x 467, F16 x 6"
+  uint64_t total() const;
+};
+
 /// What a plan is made from.
 struct PlanRequest {
   io::TransformerConfig transformer;  ///< FLUX.2: io::transformer_shape() of its config
   std::optional<FamilyCosts> family;  ///< absent: FLUX.1's counts and shapes by formula
+  /// Weights held as stored (a GGUF transformer): replaces parameters x dtype bytes per block.
+  std::optional<StoredWeights> stored;
   std::optional<LlmEncoderCosts> llm; ///< FLUX.2: its text encoder (absent: nothing to encode)
   std::optional<io::ClipTextConfig> clip;  ///< absent: rank 0 loads no CLIP (nothing to encode)
   std::optional<io::T5Config> t5;          ///< absent: rank 0 loads no T5
