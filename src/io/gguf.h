@@ -107,7 +107,7 @@ class GgufFile : public WeightFile {
   GgufHeader gguf_;
 };
 
-/// How many tensors of each stored dtype a file holds, largest count first: "Q8_0 x 304, F32 x 467, F16 x 6".
+/// How many tensors of each stored dtype a file holds, largest count first: "F32 x 471, Q8_0 x 304, F16 x 5".
 std::string describe_dtypes(const SafetensorsHeader& index);
 
 }  // namespace fluxmpi::io

@@ -158,7 +158,7 @@ struct StoredWeights {
   uint64_t embedders = 0;    ///< rank 0's input embedders (and FLUX.2's global modulation)
   uint64_t final_layer = 0;  ///< norm_out, proj_out
   uint64_t scratch_bytes = 0;  ///< working memory of the dequantization (one panel at a time)
-  std::string label;         ///< how they are stored, for the table: "GGUF: Q8_0 x 304, F32 x 467, F16 x 6"
+  std::string label;         ///< how they are stored, for the table: "GGUF: F32 x 471, Q8_0 x 304, F16 x 5"
   uint64_t total() const;
 };
 

@@ -146,6 +146,10 @@ TEST_F(RealSizeGguf, PlansCountTheStoredBytesOnTwoFourAndEightRanks) {
           }
           EXPECT_EQ(weights, w.held_bf16) << where;
           std::cout << "[ measured ] " << where << ": planned, largest rank peak " << format_bytes(peak) << "\n";
+          if (ranks == 2 && gib == 24) {
+            const size_t at = p.output.find("FLUX transformer:");
+            std::cout << "[ measured ] " << p.output.substr(at, p.output.find('\n', at) - at) << "\n";
+          }
         } catch (const UsageError& e) {
           const std::string m = e.what();
           EXPECT_EQ(m.find('\n'), std::string::npos) << where << ": " << m;
