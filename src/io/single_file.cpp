@@ -71,6 +71,19 @@ void check_block_numbers(const std::vector<std::string>& keys, const std::string
                               config_label, " says '", config_key, "' ", expected));
 }
 
+// Every stored tensor a map reads, with the shape the config's widths give it.
+void check_stored_shapes(const SafetensorsHeader& header, const std::map<std::string, std::vector<int64_t>>& expected,
+                         const LayoutConfigs& cfg, const std::string& label) {
+  for (const auto& [stored, want] : expected) {
+    const TensorEntry* e = header.find(stored);
+    if (e == nullptr)
+      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (expected shape ", shape_text(want), ")"));
+    if (e->shape != want)
+      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ",
+                                shape_text(want), " (the widths of ", cfg.transformer_label, ")"));
+  }
+}
+
 std::vector<PresentedTensor> map_original_transformer(const SafetensorsHeader& header, const ComponentInFile& found,
                                                       const std::vector<std::string>& keys, const LayoutConfigs& cfg,
                                                       const std::string& label) {
@@ -118,14 +131,7 @@ std::vector<PresentedTensor> map_original_transformer(const SafetensorsHeader& h
     }
     out.push_back(std::move(t));
   }
-  for (const auto& [stored, want] : expected) {
-    const TensorEntry* e = header.find(stored);
-    if (e == nullptr)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (expected shape ", shape_text(want), ")"));
-    if (e->shape != want)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ",
-                                shape_text(want), " (the widths of ", cfg.transformer_label, ")"));
-  }
+  check_stored_shapes(header, expected, cfg, label);
   return out;
 }
 
@@ -165,14 +171,7 @@ std::vector<PresentedTensor> map_original_flux2_transformer(const SafetensorsHea
     if (!used.count(k))
       throw WeightError(str_cat(label, ": unexpected tensor '", found.prefix, k,
                                 "': not a key of the original FLUX.2 transformer layout of ", cfg.transformer_label));
-  for (const auto& [stored, want] : expected) {
-    const TensorEntry* e = header.find(stored);
-    if (e == nullptr)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (expected shape ", shape_text(want), ")"));
-    if (e->shape != want)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ",
-                                shape_text(want), " (the widths of ", cfg.transformer_label, ")"));
-  }
+  check_stored_shapes(header, expected, cfg, label);
   return out;
 }
 
