@@ -79,7 +79,9 @@ namespace {
 // stays quantized in its layer.
 std::map<const void*, LinearImpl*> linears_by_weight(torch::nn::Module& module) {
   std::map<const void*, LinearImpl*> out;
-  for (const auto& m : module.modules(/*include_self=*/true))
+  // Children only: the module itself may live outside a shared_ptr (modules(true) needs one).
+  if (auto* l = dynamic_cast<LinearImpl*>(&module)) out[l->weight.unsafeGetTensorImpl()] = l;
+  for (const auto& m : module.modules(/*include_self=*/false))
     if (auto* l = dynamic_cast<LinearImpl*>(m.get())) out[l->weight.unsafeGetTensorImpl()] = l;
   return out;
 }
