@@ -6,10 +6,8 @@
 #include "app/predict.h"
 #include "core/log.h"
 #include "models/common/attention.h"
-#include "models/common/quantized_linear.h"
 #include "models/common/tensor_utils.h"
 #include "parallel/pipelines.h"
-#include "parallel/stored_weights.h"
 #include "pipeline/family.h"
 
 namespace fluxmpi::app {
@@ -264,10 +262,6 @@ Preparation prepare_pipeline(PreparedRun run, int world_size) {
   parallel::PlanRequest request;
   run.family->plan_transformer(*run.model, request);
   common_plan_request(run, world_size, passes, family.call_image_tokens(run), request);
-  request.stored = parallel::gguf_stored_weights(
-      *run.model, request.transformer.num_layers, request.transformer.num_single_layers, request.dtype_bytes,
-      nn::quantized_scratch_bytes(request.microbatch * (request.image_tokens + request.text_tokens),
-                                  request.transformer.inner_dim(), request.dtype_bytes));
   family.plan(run, request);
   make_stage_plan(run, request, stored);
 

@@ -178,7 +178,7 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
   s << "FLUX transformer: " << plan.num_double_ << " double + " << plan.num_single_ << " single blocks, "
     << group_digits(plan.params_.total) << " parameters (";
   if (r.stored)
-    s << format_bytes(r.stored->total()) << " as held: " << r.stored->label << "; quantized tensors kept as stored, the others in "
+    s << format_bytes(r.stored->total(r.dtype_bytes)) << " as held: " << r.stored->label << "; quantized tensors kept as stored, the others in "
       << r.dtype_label << ")\n";
   else
     s << format_bytes(to_bytes(plan.params_.total, r.dtype_bytes)) << " in " << r.dtype_label << ")\n";

@@ -154,12 +154,17 @@ FamilyCosts flux2_family_costs(const io::Flux2TransformerConfig& config);
 /// others are converted. Bytes per block (in execution order within each kind) and for the parts
 /// of rank 0 and of the last rank.
 struct StoredWeights {
-  std::vector<uint64_t> double_blocks, single_blocks;
-  uint64_t embedders = 0;    ///< rank 0's input embedders (and FLUX.2's global modulation)
-  uint64_t final_layer = 0;  ///< norm_out, proj_out
-  uint64_t scratch_bytes = 0;  ///< working memory of the dequantization (one panel at a time)
-  std::string label;         ///< how they are stored, for the table: "GGUF: F32 x 471, Q8_0 x 304, F16 x 5"
-  uint64_t total() const;
+  /// One part's tensors: the block-quantized ones at their stored bytes, the others by elements
+  /// (held in the run dtype).
+  struct Part {
+    uint64_t quantized_bytes = 0, dense_elements = 0;
+    uint64_t bytes(int64_t dtype_bytes) const { return quantized_bytes + dense_elements * static_cast<uint64_t>(dtype_bytes); }
+  };
+  std::vector<Part> double_blocks, single_blocks;
+  Part embedders;    ///< rank 0's input embedders (and FLUX.2's global modulation)
+  Part final_layer;  ///< norm_out, proj_out
+  std::string label;  ///< how they are stored, for the table: "GGUF: Q8_0 x 304, F32 x 467, F16 x 6"
+  uint64_t total(int64_t dtype_bytes) const;
 };
 
 /// What a plan is made from.

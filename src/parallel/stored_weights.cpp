@@ -22,36 +22,34 @@ int64_t block_index(const std::string& key, const std::string& prefix) {
 
 }  // namespace
 
-uint64_t StoredWeights::total() const {
-  uint64_t n = embedders + final_layer;
-  for (uint64_t b : double_blocks) n += b;
-  for (uint64_t b : single_blocks) n += b;
+uint64_t StoredWeights::total(int64_t dtype_bytes) const {
+  uint64_t n = embedders.bytes(dtype_bytes) + final_layer.bytes(dtype_bytes);
+  for (const Part& b : double_blocks) n += b.bytes(dtype_bytes);
+  for (const Part& b : single_blocks) n += b.bytes(dtype_bytes);
   return n;
 }
 
-StoredWeights stored_weights(const io::TensorStore& store, int64_t num_double, int64_t num_single, int64_t dtype_bytes,
-                             uint64_t scratch_bytes) {
+StoredWeights stored_weights(const io::TensorStore& store, int64_t num_double, int64_t num_single) {
   StoredWeights w;
-  w.double_blocks.assign(static_cast<size_t>(num_double), 0);
-  w.single_blocks.assign(static_cast<size_t>(num_single), 0);
-  w.scratch_bytes = scratch_bytes;
+  w.double_blocks.assign(static_cast<size_t>(num_double), {});
+  w.single_blocks.assign(static_cast<size_t>(num_single), {});
   for (const std::string& key : store.keys()) {
     const io::TensorEntry& e = *store.get(key).entry;  // header only
-    const uint64_t bytes = io::is_quantized(e.dtype) ? e.num_bytes() : e.num_elements() * static_cast<uint64_t>(dtype_bytes);
     const int64_t d = block_index(key, "transformer_blocks."), s = block_index(key, "single_transformer_blocks.");
-    if (d >= 0 && d < num_double) w.double_blocks[static_cast<size_t>(d)] += bytes;
-    else if (s >= 0 && s < num_single) w.single_blocks[static_cast<size_t>(s)] += bytes;
-    else if (starts_with(key, "norm_out.") || starts_with(key, "proj_out.")) w.final_layer += bytes;
-    else w.embedders += bytes;
+    StoredWeights::Part& part = d >= 0 && d < num_double   ? w.double_blocks[static_cast<size_t>(d)]
+                                : s >= 0 && s < num_single ? w.single_blocks[static_cast<size_t>(s)]
+                                : starts_with(key, "norm_out.") || starts_with(key, "proj_out.") ? w.final_layer
+                                                                                                 : w.embedders;
+    if (io::is_quantized(e.dtype)) part.quantized_bytes += e.num_bytes();
+    else part.dense_elements += e.num_elements();
   }
   return w;
 }
 
-std::optional<StoredWeights> gguf_stored_weights(const io::ModelDir& dir, int64_t num_double, int64_t num_single,
-                                                 int64_t dtype_bytes, uint64_t scratch_bytes) {
+std::optional<StoredWeights> gguf_stored_weights(const io::ModelDir& dir, const io::TransformerConfig& shape) {
   const io::ComponentSource& src = dir.source(io::Component::Transformer);
   if (!src.gguf) return std::nullopt;
-  StoredWeights w = stored_weights(dir.open_weights("transformer"), num_double, num_single, dtype_bytes, scratch_bytes);
+  StoredWeights w = stored_weights(dir.open_weights("transformer"), shape.num_layers, shape.num_single_layers);
   w.label = str_cat("GGUF: ", src.quantization);
   return w;
 }

@@ -49,8 +49,10 @@ std::shared_ptr<const QuantizedWeight> concat_quantized(const std::vector<std::s
 at::Tensor quantized_linear(const at::Tensor& x, const QuantizedWeight& weight, const at::Tensor& bias);
 
 /// The working memory of one quantized_linear call on the CPU over `tokens` rows of `in_features`
-/// (the smallest input width of a model's quantized layers gives the largest panel): the panel in
-/// float32 and in the run dtype, and the panel's columns of the output.
+/// (the smallest input width of a model's quantized layers gives the largest panel), an upper
+/// bound: the dequantized panel (float32 then cast for an fp16 run; the run dtype directly for
+/// float32 and bf16, counted as float32 plus the run dtype all the same) and the panel's columns of
+/// the output.
 uint64_t quantized_scratch_bytes(int64_t tokens, int64_t in_features, int64_t dtype_bytes);
 
 /// Benchmarks: false dequantizes the whole weight and calls at::linear once (diffusers' way),
