@@ -5,7 +5,8 @@
 // GGUFQuantizationConfig(compute_dtype=float32) run at the tolerance the manifest allows (above the
 // reference's own float64 distance, at most 1e-4 relative); the quantized linears kept quantized
 // (parameter bytes about the file's); the forward split in two parts bit-identical to the whole;
-// the panel-by-panel product against one dequantized GEMM; a bf16 run within the bf16 sanity bound of
+// the panel-by-panel product against one dequantized GEMM; the weights dequantized into bf16
+// bit-identical to torch's cast of the float32 ones; a bf16 run within the bf16 sanity bound of
 // diffusers' bf16 run of the same file.
 
 #include <gtest/gtest.h>
@@ -153,6 +154,30 @@ TEST_P(GgufForward, PanelsAgainstOneDequantizedProduct) {
   nn::set_quantized_panels(true);
   EXPECT_TRUE(test::close_to(c.name + ": panels vs one product", panels, once, test::kTolFp32));
   EXPECT_TRUE(test::close_to(c.name + ": one product vs diffusers", once, ref.get("noise_pred"), tolerance(c)));
+}
+
+// A bf16 run dequantizes straight into bf16: the same bits as torch's cast of the float32
+// dequantization (diffusers' fp16 weight cast to the compute dtype), for every quantized linear.
+TEST_P(GgufForward, Bf16WeightsAreTheCastOfTheFloatOnes) {
+  const SubtreeCase& c = GetParam();
+  REQUIRE_PROJECT_CASE(c, "gguf");
+  c10::InferenceMode guard;
+  const Model whole = load(c, flux::TransformerPart{0, -1, true, true}, at::kBFloat16);
+  int64_t checked = 0, elements = 0;
+  for (const auto& m : whole.module->modules())
+    if (auto* l = dynamic_cast<nn::LinearImpl*>(m.get()); l && l->quantized) {
+      const at::Tensor direct = l->quantized->dequantize(at::kBFloat16);
+      const at::Tensor cast = l->quantized->dequantize(at::kFloat).to(at::kBFloat16);
+      ASSERT_EQ(direct.scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(direct.view(at::kShort).equal(cast.view(at::kShort)))
+          << c.name << ": a " << l->quantized->dtype_text() << " weight [" << l->out_features << ", " << l->in_features
+          << "] dequantized into bf16 differs from the cast of its float32 dequantization";
+      ++checked;
+      elements += direct.numel();
+    }
+  EXPECT_GT(checked, 10) << c.name;
+  std::cout << "[ measured ] " << c.name << ": " << checked << " quantized weights (" << elements
+            << " values) bit-identical in bf16 to the cast of float32\n";
 }
 
 TEST_P(GgufForward, Bf16WithinTheSanityBound) {

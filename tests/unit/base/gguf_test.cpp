@@ -3,8 +3,9 @@
 // with one message naming the file and the tensor; the fixture files (tests/fixtures/gguf, made by
 // tools/fixtures/gguf_fixtures.py with gguf-py 0.19) parsed; the ten block types dequantized bit
 // for bit as diffusers 0.40 does (the fixture's dequant/blocks.safetensors: random blocks with
-// normal, subnormal, overflowing and signed-zero fp16 scales), and fp16 rounding against a
-// brute-force nearest-value search.
+// normal, subnormal, overflowing and signed-zero fp16 scales) by every dequantization kernel the CPU
+// has, into float32 and bf16; the vector kernels against the scalar one on random bytes; fp16
+// rounding against a brute-force nearest-value search, bf16 rounding on its edge cases.
 
 #include <gtest/gtest.h>
 
@@ -181,42 +182,122 @@ TEST(GgufFixtures, TheGeneratedFilesParseAndMapOntoTheDiffusersKeys) {
   }
 }
 
-// Reads the fixture's safetensors file of blocks and values.
+const DType kBlockTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
+                             DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+std::vector<DequantizeKernel> supported_kernels() {
+  std::vector<DequantizeKernel> out;
+  for (DequantizeKernel k : {DequantizeKernel::Scalar, DequantizeKernel::Avx2, DequantizeKernel::Avx512})
+    if (dequantize_kernel_supported(k)) out.push_back(k);
+  return out;
+}
+
+// Sets a dequantization kernel for a scope, then the default again.
+struct KernelScope {
+  DequantizeKernel before = dequantize_kernel();
+  explicit KernelScope(DequantizeKernel k) { set_dequantize_kernel(k); }
+  ~KernelScope() { set_dequantize_kernel(before); }
+};
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+// Reads the fixture's safetensors file of blocks and values; every kernel this CPU has, into float
+// and into bf16 (the bf16 bits: the fp16 value rounded to nearest even, torch's cast).
 TEST(Dequantize, EveryBlockTypeAsDiffusers) {
   const std::string path = (fs::path(fixture_dir()) / "dequant" / "blocks.safetensors").string();
   if (!fs::exists(path)) FAIL() << "missing fixture " << path;
   SafetensorsFile f(path);
-  int checked = 0;
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K,
-                  DType::Q5_K, DType::Q6_K}) {
-    const std::string name = dtype_name(t);
-    const TensorEntry* blocks = f.find("blocks_" + name);
-    const TensorEntry* values = f.find("values_" + name);
-    ASSERT_TRUE(blocks && values) << name;
-    const int64_t n = values->shape[0];
-    ASSERT_EQ(blocks->num_bytes(), row_bytes(t, n)) << name;
-    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
-    std::memcpy(want.data(), f.data(*values), values->num_bytes());
-    // As one row, and as rows of one block each.
-    dequantize_rows(t, f.data(*blocks), 1, n, got.data(), n);
-    const int64_t per = static_cast<int64_t>(block_elements(t));
-    std::vector<float> by_block(static_cast<size_t>(n));
-    dequantize_rows(t, f.data(*blocks), n / per, per, by_block.data(), per);
-    int64_t mismatches = 0, first = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      const bool same = std::memcmp(&got[i], &want[i], 4) == 0 || (std::isnan(got[i]) && std::isnan(want[i]));
-      const bool same_blocks = std::memcmp(&by_block[i], &got[i], 4) == 0 || (std::isnan(got[i]) && std::isnan(by_block[i]));
-      if (!same || !same_blocks) {
-        ++mismatches;
-        if (first < 0) first = i;
+  for (DequantizeKernel kernel : supported_kernels()) {
+    KernelScope scope(kernel);
+    const std::string kname = dequantize_kernel_name(kernel);
+    int checked = 0;
+    for (DType t : kBlockTypes) {
+      const std::string name = dtype_name(t);
+      const TensorEntry* blocks = f.find("blocks_" + name);
+      const TensorEntry* values = f.find("values_" + name);
+      ASSERT_TRUE(blocks && values) << name;
+      const int64_t n = values->shape[0];
+      ASSERT_EQ(blocks->num_bytes(), row_bytes(t, n)) << name;
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      std::memcpy(want.data(), f.data(*values), values->num_bytes());
+      // As one row, and as rows of one block each; into bf16 as one row.
+      dequantize_rows(t, f.data(*blocks), 1, n, got.data(), n);
+      const int64_t per = static_cast<int64_t>(block_elements(t));
+      std::vector<float> by_block(static_cast<size_t>(n));
+      dequantize_rows(t, f.data(*blocks), n / per, per, by_block.data(), per);
+      std::vector<uint16_t> bf16(static_cast<size_t>(n));
+      dequantize_rows_bf16(t, f.data(*blocks), 1, n, bf16.data(), n);
+      int64_t mismatches = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool same = same_bits(got[i], want[i]) || (std::isnan(got[i]) && std::isnan(want[i]));
+        const bool same_blocks = same_bits(by_block[i], got[i]) || (std::isnan(got[i]) && std::isnan(by_block[i]));
+        const bool same_bf16 = bf16[i] == float_to_bf16(want[i]);
+        if (!same || !same_blocks || !same_bf16) {
+          ++mismatches;
+          if (first < 0) first = i;
+        }
       }
+      EXPECT_EQ(mismatches, 0) << kname << " " << name << ": " << mismatches << " of " << n
+                               << " values differ from diffusers', first at " << first << " ("
+                               << (first >= 0 ? got[first] : 0.f) << " vs " << (first >= 0 ? want[first] : 0.f) << ")";
+      ++checked;
+      std::cout << "[ measured ] " << kname << " " << name << ": " << n
+                << " values bit-identical to diffusers' dequantization (float32 and bf16)\n";
     }
-    EXPECT_EQ(mismatches, 0) << name << ": " << mismatches << " of " << n << " values differ from diffusers', first at " << first
-                             << " (" << (first >= 0 ? got[first] : 0.f) << " vs " << (first >= 0 ? want[first] : 0.f) << ")";
-    ++checked;
-    std::cout << "[ measured ] " << name << ": " << n << " values bit-identical to diffusers' dequantization\n";
+    EXPECT_EQ(checked, 10);
   }
-  EXPECT_EQ(checked, 10);
+}
+
+// Blocks of random bytes (so also infinite and NaN fp16 scales, which the vector kernels leave to
+// the scalar code): every kernel gives the scalar kernel's bits, into float and into bf16.
+TEST(Dequantize, EveryKernelGivesTheScalarBits) {
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next_byte = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint8_t>(state >> 56);
+  };
+  const int64_t rows = 3, blocks_per_row = 40;
+  for (DType t : kBlockTypes) {
+    const int64_t cols = blocks_per_row * static_cast<int64_t>(block_elements(t));
+    std::vector<uint8_t> bytes(row_bytes(t, cols) * rows);
+    for (uint8_t& b : bytes) b = next_byte();
+    std::vector<float> want(static_cast<size_t>(rows * cols));
+    {
+      KernelScope scope(DequantizeKernel::Scalar);
+      dequantize_rows(t, bytes.data(), rows, cols, want.data(), cols);
+    }
+    int64_t non_finite = 0;
+    for (float v : want) non_finite += std::isfinite(v) ? 0 : 1;
+    for (DequantizeKernel kernel : supported_kernels()) {
+      KernelScope scope(kernel);
+      std::vector<float> got(want.size());
+      std::vector<uint16_t> bf16(want.size());
+      dequantize_rows(t, bytes.data(), rows, cols, got.data(), cols);
+      dequantize_rows_bf16(t, bytes.data(), rows, cols, bf16.data(), cols);
+      int64_t mismatches = 0, first = -1;
+      for (size_t i = 0; i < want.size(); ++i)
+        if (!same_bits(got[i], want[i]) || bf16[i] != float_to_bf16(want[i])) {
+          ++mismatches;
+          if (first < 0) first = static_cast<int64_t>(i);
+        }
+      EXPECT_EQ(mismatches, 0) << dequantize_kernel_name(kernel) << " " << dtype_name(t) << ": " << mismatches
+                               << " of " << want.size() << " values differ from the scalar kernel's, first at " << first;
+    }
+    std::cout << "[ measured ] " << dtype_name(t) << ": " << want.size() << " values (" << non_finite
+              << " not finite) alike in " << supported_kernels().size() << " kernels\n";
+  }
+}
+
+TEST(Dequantize, Bf16RoundingIsNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(float_to_bf16(std::ldexp(1.0f, -8) + 1.0f), 0x3f80);  // a tie: to the even 1.0
+  EXPECT_EQ(float_to_bf16(std::ldexp(3.0f, -8) + 1.0f), 0x3f82);  // a tie: up to the even 1 + 2^-6
+  EXPECT_EQ(float_to_bf16(std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20) + 1.0f), 0x3f81);
+  EXPECT_EQ(float_to_bf16(65504.0f), 0x4780);
+  EXPECT_EQ(float_to_bf16(INFINITY), 0x7f80);
+  EXPECT_EQ(float_to_bf16(-INFINITY), 0xff80);
+  EXPECT_EQ(float_to_bf16(NAN), 0x7fc0);
 }
 
 TEST(Dequantize, HalfRoundingIsNearestEven) {
