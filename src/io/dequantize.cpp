@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FLUXMPI_DEQUANTIZE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -497,11 +498,21 @@ Finisher<Out> finisher(DequantizeKernel k) {
   return finish_scalar<Out>;
 }
 
+#ifdef FLUXMPI_DEQUANTIZE_X86
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports has no "f16c"); the AVX features'
+// checks below include the operating system's support of their registers.
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 DequantizeKernel best_kernel() {
 #ifdef FLUXMPI_DEQUANTIZE_X86
   __builtin_cpu_init();
+  if (!has_f16c()) return DequantizeKernel::Scalar;
   if (__builtin_cpu_supports("avx512f")) return DequantizeKernel::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return DequantizeKernel::Avx2;
+  if (__builtin_cpu_supports("avx2")) return DequantizeKernel::Avx2;
 #endif
   return DequantizeKernel::Scalar;
 }
