@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (tests/fuzz: safetensors header parser, config parsers, CLIP
+# Builds the libFuzzer targets (tests/fuzz: safetensors and GGUF header parsers, config parsers, CLIP
 # tokenizer) in a torch-free clang build with AddressSanitizer and UndefinedBehaviorSanitizer,
 # and runs each for SECONDS seconds.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, every target
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 seconds=${1:-60}
 if [ $# -gt 0 ]; then shift; fi
-all_targets=(safetensors_header config clip_tokenizer)
+all_targets=(safetensors_header gguf_header config clip_tokenizer)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all_targets[@]}"); fi
 case "$seconds" in
   ''|*[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, got '$seconds'" >&2; exit 2 ;;

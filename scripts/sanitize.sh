@@ -5,8 +5,8 @@
 #       sentencepiece shim) under AddressSanitizer + UndefinedBehaviorSanitizer, with their unit
 #       tests (tests/unit/base/ and the fuzz corpus replays, label unit), run with ctest.
 #   scripts/sanitize.sh --torch
-#       the torch-using layers: only the test executables of the transformer, the VAE, the step
-#       loop, the checkpoint store and the message code (and, under UBSan alone, the T5 tokenizer
+#       the torch-using layers: only the test executables of the transformer (and its GGUF
+#       weights), the VAE, the step loop, the checkpoint store and the message code (and, under UBSan alone, the T5 tokenizer
 #       inside a libtorch process), built from a target list, never `all`.
 #       SANITIZERS=undefined (the default here): UBSan alone; sentencepiece keeps its own link
 #         namespace (dlmopen), so the tokenizer test runs too.
@@ -44,9 +44,10 @@ SANITIZERS=${SANITIZERS:-undefined}
 asan=0
 case ",$SANITIZERS," in *,address,*) asan=1 ;; esac
 if [ "$asan" = 1 ]; then BUILD_DIR=${BUILD_DIR:-build-sanitize-torch-asan}; else BUILD_DIR=${BUILD_DIR:-build-sanitize-torch}; fi
-# Transformer, VAE, step loop, checkpoint store (writer, reader, layout, validation), messages.
+# Transformer, VAE, step loop, checkpoint store (writer, reader, layout, validation), messages, and
+# the GGUF transformers (quantized linears dequantized per call).
 unit_tests=(unit_flux_transformer_test unit_vae_decoder_test unit_pipeline_denoise_test
-            unit_checkpoint_store_test unit_ckpt_format_test unit_checkpoint_validation_test)
+            unit_checkpoint_store_test unit_ckpt_format_test unit_checkpoint_validation_test parity_gguf_parity_test)
 mpi_tests=(mpi_message_test mpi_message_errors_test)
 if [ "$asan" = 0 ]; then
   unit_tests+=(unit_text_with_torch_test)  # T5 tokenizer (sentencepiece, own namespace) + libtorch

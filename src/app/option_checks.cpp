@@ -8,6 +8,7 @@
 
 #include "app/paths.h"
 #include "core/log.h"
+#include "io/gguf.h"
 
 namespace fluxmpi::app::options {
 namespace fs = std::filesystem;
@@ -46,6 +47,11 @@ void check_model(const Settings& s, RunConfig& c) {
       s.fail(name, str_cat("'", out, "': not a folder or a regular file"));
   };
   check_source("transformer", c.transformer);
+  if (s.has("gguf")) {
+    if (s.has("transformer")) s.fail("gguf", "and --transformer both name the transformer: give one");
+    check_source("gguf", c.transformer);
+    if (!io::is_gguf_file(c.transformer)) s.fail("gguf", str_cat("'", c.transformer, "': not a GGUF file (no \"GGUF\" magic)"));
+  }
   check_source("vae", c.vae);
   check_source("text-encoder", c.text_encoder);
   check_source("text-encoder-2", c.text_encoder_2);

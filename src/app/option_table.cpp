@@ -13,6 +13,9 @@ const std::vector<Spec> kSpecs = {
      "(original or diffusers keys) or an all-in-one checkpoint; with --resume, default: the one the checkpoint names", false},
     {"transformer", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr,
      "transformer weights replacing --model's: a diffusers component folder or a single file", false},
+    {"gguf", 0, Group::Model, Kind::Text, "FILE", nullptr,
+     "a quantized GGUF transformer (city96-style, original FLUX keys; kept quantized, dequantized per layer): "
+     "--transformer FILE for a .gguf file; the text encoders and the VAE come from --model or their options", false},
     {"vae", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr, "VAE weights (diffusers folder, or ae.safetensors-style file)", false},
     {"text-encoder", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr, "CLIP text encoder weights (folder or clip_l.safetensors)", false},
     {"text-encoder-2", 0, Group::Model, Kind::Text, "DIR|FILE", nullptr, "T5 encoder weights (folder or t5xxl_*.safetensors)", false},

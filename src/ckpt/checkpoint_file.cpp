@@ -196,7 +196,8 @@ void CheckpointFile::validate_root() {
                                     {"source_vae", &attrs_.sources.vae},
                                     {"source_text_encoder", &attrs_.sources.text_encoder},
                                     {"source_text_encoder_2", &attrs_.sources.text_encoder_2},
-                                    {"source_model_config", &attrs_.sources.model_config}})
+                                    {"source_model_config", &attrs_.sources.model_config},
+                                    {"source_transformer_quantization", &attrs_.sources.transformer_quantization}})
     if (h5::has_attribute(f, name)) *value = h5::read_string_attribute(f, name, path_);
   attrs_.created = h5::read_string_attribute(f, "created", path_);
   attrs_.vae_scale_factor = h5::read_int_attribute(f, "vae_scale_factor", path_);

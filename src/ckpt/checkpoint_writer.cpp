@@ -229,7 +229,8 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
                                     {"source_vae", &file.sources.vae},
                                     {"source_text_encoder", &file.sources.text_encoder},
                                     {"source_text_encoder_2", &file.sources.text_encoder_2},
-                                    {"source_model_config", &file.sources.model_config}})
+                                    {"source_model_config", &file.sources.model_config},
+                                    {"source_transformer_quantization", &file.sources.transformer_quantization}})
     if (!value->empty()) h5::write_attribute(f, name, *value, path);
   h5::write_attribute(f, "vae_scale_factor", file.vae_scale_factor, path);
   h5::write_attribute(f, "created", file.created.empty() ? iso8601_now() : file.created, path);

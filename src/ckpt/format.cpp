@@ -279,7 +279,8 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
         {"source_vae", {&s.vae, &r.vae}},
         {"source_text_encoder", {&s.text_encoder, &r.text_encoder}},
         {"source_text_encoder_2", {&s.text_encoder_2, &r.text_encoder_2}},
-        {"source_model_config", {&s.model_config, &r.model_config}}};
+        {"source_model_config", {&s.model_config, &r.model_config}},
+        {"source_transformer_quantization", {&s.transformer_quantization, &r.transformer_quantization}}};
     for (const auto& [name, pair] : sources)
       if (!pair.first->empty() && !pair.second->empty()) d.field("", name, *pair.first, *pair.second);
   }

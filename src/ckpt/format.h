@@ -47,6 +47,9 @@ struct FileAttributes {
   /// recorded, e.g. a checkpoint of an older fluxmpi). Attributes source_<name>; --resume checks them.
   struct Sources {
     std::string transformer, vae, text_encoder, text_encoder_2, model_config;
+    /// A GGUF transformer's tensor types ("F32 x 471, Q8_0 x 304, F16 x 5"; attribute
+    /// source_transformer_quantization); empty for any other source.
+    std::string transformer_quantization;
   } sources;
   int64_t format_version = kFormatVersion;
 };

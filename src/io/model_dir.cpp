@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/gguf.h"
 
 namespace fluxmpi::io {
 namespace fs = std::filesystem;
@@ -59,7 +60,7 @@ std::string found_list(const std::vector<ComponentInFile>& found) {
 }
 
 // What a file holds, or a WeightError when it holds no FLUX component at all.
-std::vector<ComponentInFile> components_of(const SafetensorsFile& file, const std::string& option) {
+std::vector<ComponentInFile> components_of(const WeightFile& file, const std::string& option) {
   std::vector<ComponentInFile> found = detect_components(file.header());
   if (found.empty()) {
     const auto& t = file.header().tensors;
@@ -89,6 +90,7 @@ bool ModelSources::only_a_folder() const {
 
 std::string ComponentSource::describe() const {
   if (path.empty()) return str_cat("none (", missing, ")");
+  if (single_file && gguf) return str_cat(path, " (GGUF, ", describe_layout(found), "; ", quantization, ")");
   if (single_file) return str_cat(path, " (", describe_layout(found), ")");
   return str_cat(path, " (diffusers folder)");
 }
@@ -109,10 +111,10 @@ ModelDir::ModelDir(const ModelSources& given) {
     *p = absolute(*p);
   std::error_code ec;
   const bool model_is_folder = !s.model.empty() && fs::is_directory(s.model, ec);
-  std::map<std::string, std::shared_ptr<SafetensorsFile>> files;  // each file's header read once
-  auto file = [&](const std::string& path) -> const SafetensorsFile& {
+  std::map<std::string, std::shared_ptr<WeightFile>> files;  // each file's header read once
+  auto file = [&](const std::string& path) -> const WeightFile& {
     auto& f = files[path];
-    if (!f) f = std::make_shared<SafetensorsFile>(path);
+    if (!f) f = open_weight_file(path);
     return *f;
   };
 
@@ -140,6 +142,10 @@ ModelDir::ModelDir(const ModelSources& given) {
       src.path = path;
       src.single_file = true;
       src.found = *it;
+      if (const auto* g = dynamic_cast<const GgufFile*>(&file(path))) {
+        src.gguf = true;
+        src.quantization = describe_dtypes(g->header());
+      }
     } else if (!o.empty() || c == Component::Transformer) {
       throw WeightError(str_cat(option, " '", path, "': holds no ", component_name(c), " (it holds ", found_list(found), ")"));
     } else {
@@ -327,14 +333,15 @@ TensorStore ModelDir::open_weights(const std::string& component) const {
   }
   LayoutConfigs configs;
   if (src.found.layout == KeyLayout::OriginalFlux) {
-    configs.transformer = &transformer_config();
+    if (family() == ModelFamily::Flux2) configs.flux2 = &flux2_transformer_config();
+    else configs.transformer = &transformer_config();
     configs.transformer_label = label("transformer/config.json");
   }
   if (src.found.layout == KeyLayout::Ldm) {
     configs.vae = &vae_config();
     configs.vae_label = label("vae/config.json");
   }
-  return open_component(std::make_shared<SafetensorsFile>(src.path), src.found, configs,
+  return open_component(open_weight_file(src.path), src.found, configs,
                         str_cat(component, " file '", src.path, "'"));
 }
 

@@ -36,8 +36,11 @@ struct ComponentSource {
   bool single_file = false;
   ComponentInFile found;     ///< with single_file: the component's prefix and layout inside the file
   std::string missing;       ///< with an empty path: why (names the option to give)
+  bool gguf = false;         ///< with single_file: a GGUF file (io/gguf.h)
+  std::string quantization;  ///< GGUF: its tensors' types ("F32 x 471, Q8_0 x 304, F16 x 5")
 
-  /// "/m/flux1-dev.safetensors (original FLUX keys under 'model.diffusion_model.')" or "/m/transformer (diffusers folder)"
+  /// "/m/flux1-dev.safetensors (original FLUX keys under 'model.diffusion_model.')",
+  /// "/m/flux1-dev-Q8_0.gguf (GGUF, original FLUX keys; F32 x 471, Q8_0 x 304, F16 x 5)" or "/m/transformer (diffusers folder)"
   std::string describe() const;
 };
 

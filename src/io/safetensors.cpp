@@ -27,9 +27,31 @@ constexpr DTypeInfo kDTypes[] = {
     {"F64", DType::F64, 8},   {"F8_E4M3", DType::F8_E4M3, 1}, {"F8_E5M2", DType::F8_E5M2, 1},
 };
 
+// GGUF's block quantizations (ggml's block sizes): never a safetensors dtype name.
+struct BlockInfo {
+  const char* name;
+  DType dtype;
+  uint64_t elements, bytes;
+};
+
+constexpr BlockInfo kBlockTypes[] = {
+    {"Q4_0", DType::Q4_0, 32, 18},   {"Q4_1", DType::Q4_1, 32, 20},   {"Q5_0", DType::Q5_0, 32, 22},
+    {"Q5_1", DType::Q5_1, 32, 24},   {"Q8_0", DType::Q8_0, 32, 34},   {"Q2_K", DType::Q2_K, 256, 84},
+    {"Q3_K", DType::Q3_K, 256, 110}, {"Q4_K", DType::Q4_K, 256, 144}, {"Q5_K", DType::Q5_K, 256, 176},
+    {"Q6_K", DType::Q6_K, 256, 210},
+};
+
+const BlockInfo* block_info(DType dtype) {
+  for (const auto& b : kBlockTypes)
+    if (b.dtype == dtype) return &b;
+  return nullptr;
+}
+
 const DTypeInfo& info_of(DType dtype) {
   for (const auto& d : kDTypes)
     if (d.dtype == dtype) return d;
+  if (block_info(dtype) != nullptr)
+    throw InternalError(str_cat("dtype ", block_info(dtype)->name, " is block-quantized: it has no element size"));
   throw InternalError("unknown DType");
 }
 
@@ -62,8 +84,20 @@ std::optional<DType> dtype_from_name(const std::string& name) {
   return std::nullopt;
 }
 
-const char* dtype_name(DType dtype) { return info_of(dtype).name; }
+const char* dtype_name(DType dtype) {
+  if (const BlockInfo* b = block_info(dtype)) return b->name;
+  return info_of(dtype).name;
+}
 size_t dtype_size(DType dtype) { return info_of(dtype).size; }
+bool is_quantized(DType dtype) { return block_info(dtype) != nullptr; }
+uint64_t block_elements(DType dtype) {
+  if (const BlockInfo* b = block_info(dtype)) return b->elements;
+  return 1;
+}
+uint64_t block_bytes(DType dtype) {
+  if (const BlockInfo* b = block_info(dtype)) return b->bytes;
+  return info_of(dtype).size;
+}
 
 uint64_t TensorEntry::num_elements() const {
   uint64_t n = 1;
@@ -179,7 +213,8 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, co
   return out;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path)
-    : file_(path), header_(parse_safetensors_header(file_.data(), file_.size(), path)) {}
+SafetensorsFile::SafetensorsFile(const std::string& path) : WeightFile(path) {
+  header_ = parse_safetensors_header(mapping().data(), mapping().size(), path);
+}
 
 }  // namespace fluxmpi::io

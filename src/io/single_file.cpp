@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/flux2_original_keys.h"
 #include "io/flux_original_keys.h"
 
 namespace fluxmpi::io {
@@ -70,6 +71,19 @@ void check_block_numbers(const std::vector<std::string>& keys, const std::string
                               config_label, " says '", config_key, "' ", expected));
 }
 
+// Every stored tensor a map reads, with the shape the config's widths give it.
+void check_stored_shapes(const SafetensorsHeader& header, const std::map<std::string, std::vector<int64_t>>& expected,
+                         const LayoutConfigs& cfg, const std::string& label) {
+  for (const auto& [stored, want] : expected) {
+    const TensorEntry* e = header.find(stored);
+    if (e == nullptr)
+      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (expected shape ", shape_text(want), ")"));
+    if (e->shape != want)
+      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ",
+                                shape_text(want), " (the widths of ", cfg.transformer_label, ")"));
+  }
+}
+
 std::vector<PresentedTensor> map_original_transformer(const SafetensorsHeader& header, const ComponentInFile& found,
                                                       const std::vector<std::string>& keys, const LayoutConfigs& cfg,
                                                       const std::string& label) {
@@ -117,14 +131,47 @@ std::vector<PresentedTensor> map_original_transformer(const SafetensorsHeader& h
     }
     out.push_back(std::move(t));
   }
-  for (const auto& [stored, want] : expected) {
-    const TensorEntry* e = header.find(stored);
-    if (e == nullptr)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' not found (expected shape ", shape_text(want), ")"));
-    if (e->shape != want)
-      throw WeightError(str_cat(label, ": tensor '", stored, "' has shape ", shape_text(e->shape), ", expected ",
-                                shape_text(want), " (the widths of ", cfg.transformer_label, ")"));
+  check_stored_shapes(header, expected, cfg, label);
+  return out;
+}
+
+// FLUX.2's original layout, driven by the config: every diffusers tensor of the configured model
+// is found in its stored tensors, and every stored tensor of the component must be one of them.
+std::vector<PresentedTensor> map_original_flux2_transformer(const SafetensorsHeader& header, const ComponentInFile& found,
+                                                            const std::vector<std::string>& keys, const LayoutConfigs& cfg,
+                                                            const std::string& label) {
+  const Flux2TransformerConfig& config = *cfg.flux2;
+  check_block_numbers(keys, "double_blocks", config.num_layers, "num_layers", label, cfg.transformer_label);
+  check_block_numbers(keys, "single_blocks", config.num_single_layers, "num_single_layers", label, cfg.transformer_label);
+  const bool guidance = any_key_starts_with(header, found.prefix + "guidance_in.");
+  if (guidance != config.guidance_embeds)
+    throw WeightError(str_cat(label, guidance ? ": holds a guidance embedder ('" : ": has no guidance embedder ('",
+                              found.prefix, "guidance_in.*') but ", cfg.transformer_label, " says 'guidance_embeds' ",
+                              config.guidance_embeds ? "true" : "false"));
+  std::set<std::string> used;
+  std::map<std::string, std::vector<int64_t>> expected;
+  std::vector<PresentedTensor> out;
+  for (const auto& [key, shape] : flux2_diffusers_shapes(config)) {
+    PresentedTensor t;
+    t.key = key;
+    for (const auto& p : flux2_original_pieces(key, config)) {
+      const std::string stored = found.prefix + p.original_key;
+      t.rows.push_back({stored, p.row_begin, p.row_end});
+      used.insert(p.original_key);
+      std::vector<int64_t>& want = expected[stored];
+      if (want.empty()) {
+        want = shape;
+        want[0] = 0;
+      }
+      want[0] = std::max(want[0], p.row_end < 0 ? shape[0] : p.row_end);
+    }
+    out.push_back(std::move(t));
   }
+  for (const auto& k : keys)
+    if (!used.count(k))
+      throw WeightError(str_cat(label, ": unexpected tensor '", found.prefix, k,
+                                "': not a key of the original FLUX.2 transformer layout of ", cfg.transformer_label));
+  check_stored_shapes(header, expected, cfg, label);
   return out;
 }
 
@@ -268,7 +315,7 @@ bool has_guidance_embedder(const SafetensorsHeader& header, const ComponentInFil
   return any_key_starts_with(header, t.prefix + "time_text_embed.guidance_embedder.");
 }
 
-TensorStore open_component(std::shared_ptr<const SafetensorsFile> file, const ComponentInFile& found,
+TensorStore open_component(std::shared_ptr<const WeightFile> file, const ComponentInFile& found,
                            const LayoutConfigs& configs, const std::string& label) {
   const SafetensorsHeader& header = file->header();
   const std::vector<std::string> keys = component_keys(header, found);
@@ -279,7 +326,10 @@ TensorStore open_component(std::shared_ptr<const SafetensorsFile> file, const Co
                                 "load; use a plain fp8, fp16 or bf16 file"));
   std::vector<PresentedTensor> tensors;
   switch (found.layout) {
-    case KeyLayout::OriginalFlux: tensors = map_original_transformer(header, found, keys, configs, label); break;
+    case KeyLayout::OriginalFlux:
+      tensors = configs.flux2 != nullptr ? map_original_flux2_transformer(header, found, keys, configs, label)
+                                         : map_original_transformer(header, found, keys, configs, label);
+      break;
     case KeyLayout::Ldm: tensors = map_ldm_vae(header, found, keys, configs, label); break;
     case KeyLayout::Diffusers:
       for (const auto& k : keys) tensors.push_back(PresentedTensor{k, {{found.prefix + k, 0, -1}}, {}});

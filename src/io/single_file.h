@@ -4,8 +4,9 @@
 /// ranges, shapes), never by building a renamed copy: a rank reads only the bytes of its blocks.
 ///
 /// Layouts (key maps as diffusers' single-file converters, v0.40):
-///   transformer  original Black Forest Labs keys (flux1-dev.safetensors), bare or under
-///                `model.diffusion_model.` (ComfyUI); or diffusers keys, bare
+///   transformer  original Black Forest Labs keys (flux1-dev.safetensors; FLUX.2's
+///                io/flux2_original_keys.h), bare or under `model.diffusion_model.` (ComfyUI); or
+///                diffusers keys, bare. In a safetensors or a GGUF file (io/gguf.h).
 ///   vae          LDM keys (ae.safetensors: `decoder.up.K`, `decoder.mid.attn_1`), bare or under
 ///                `vae.` / `first_stage_model.`; or diffusers keys, bare
 ///   text_encoder    transformers CLIPTextModel keys (`text_model.*`), bare or under
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "io/configs.h"
+#include "io/flux2_configs.h"
 #include "io/safetensors.h"
 #include "io/tensor_store.h"
 
@@ -51,9 +53,11 @@ std::string describe_layout(const ComponentInFile& c);
 /// The components a file's header shows, by their key families, in kComponents order.
 std::vector<ComponentInFile> detect_components(const SafetensorsHeader& header);
 
-/// The configs a mapping needs: widths of the original transformer layout, levels of the LDM VAE.
+/// The configs a mapping needs: widths of the original transformer layout (FLUX.1's, or FLUX.2's
+/// when `flux2` is set), levels of the LDM VAE.
 struct LayoutConfigs {
   const TransformerConfig* transformer = nullptr;
+  const Flux2TransformerConfig* flux2 = nullptr;
   const VaeConfig* vae = nullptr;
   std::string transformer_label;  ///< names the transformer config in errors ("model dir '/m': transformer/config.json")
   std::string vae_label;
@@ -65,7 +69,7 @@ struct LayoutConfigs {
 /// do not fit the config's widths are WeightErrors naming the file and the key. Keys of the
 /// component that fluxmpi never loads (the VAE encoder) are presented under their own names, for
 /// the loader to skip. `label` prefixes every error.
-TensorStore open_component(std::shared_ptr<const SafetensorsFile> file, const ComponentInFile& found,
+TensorStore open_component(std::shared_ptr<const WeightFile> file, const ComponentInFile& found,
                            const LayoutConfigs& configs, const std::string& label);
 
 /// Whether a transformer in this file has a guidance embedder (FLUX.1-dev) or not (schnell):

@@ -47,7 +47,7 @@ std::vector<int64_t> TensorPiece::shape() const {
   return s;
 }
 
-TensorView TensorView::whole(const TensorEntry& entry, const SafetensorsFile& file) {
+TensorView TensorView::whole(const TensorEntry& entry, const WeightFile& file) {
   return TensorView{&entry, &file, {TensorPiece{&entry, &file, 0, entry.shape.empty() ? 1 : entry.shape[0]}}};
 }
 
@@ -67,14 +67,14 @@ void TensorView::release() const {
   for (const auto& p : pieces) p.file->release(*p.entry);
 }
 
-TensorStore TensorStore::open_presented(std::shared_ptr<const SafetensorsFile> shared, const std::string& label,
+TensorStore TensorStore::open_presented(std::shared_ptr<const WeightFile> shared, const std::string& label,
                                         const std::vector<PresentedTensor>& tensors) {
   TensorStore store;
   const std::string& path = shared->path();
   store.dir_ = fs::path(path).parent_path().string();
   store.label_ = label;
   const std::string name = fs::path(path).filename().string();
-  const SafetensorsFile& file = *shared;
+  const WeightFile& file = *shared;
   store.open_[name] = std::move(shared);
   for (const auto& t : tensors) {
     auto p = std::make_shared<Presented>();
@@ -204,7 +204,7 @@ const std::string& TensorStore::file_of(const std::string& key) const {
   return it->second;
 }
 
-const SafetensorsFile& TensorStore::shard(const std::string& file) const {
+const WeightFile& TensorStore::shard(const std::string& file) const {
   auto it = open_.find(file);
   if (it != open_.end()) return *it->second;
   auto opened = std::make_shared<SafetensorsFile>((fs::path(dir_) / file).string());
@@ -225,7 +225,7 @@ TensorView TensorStore::get(const std::string& key) const {
     return TensorView{&p.entry, p.pieces[0].file, p.pieces};
   }
   const std::string& file = file_of(key);
-  const SafetensorsFile& f = shard(file);
+  const WeightFile& f = shard(file);
   const TensorEntry* e = f.find(key);
   if (e == nullptr)
     throw WeightError(str_cat(label_, ": tensor '", key, "' is listed in the index but missing from '", f.path(), "'"));

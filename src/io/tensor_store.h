@@ -16,7 +16,7 @@ namespace fluxmpi::io {
 /// A run of rows [row_begin, row_end) along dim 0 of a tensor as stored in a mapped file.
 struct TensorPiece {
   const TensorEntry* entry = nullptr;  ///< the stored tensor
-  const SafetensorsFile* file = nullptr;
+  const WeightFile* file = nullptr;
   int64_t row_begin = 0;
   int64_t row_end = 0;
 
@@ -35,11 +35,11 @@ struct TensorPiece {
 /// 1x1 convolutions presented as linear weights).
 struct TensorView {
   const TensorEntry* entry = nullptr;     ///< as presented: name (the key asked for), dtype, shape
-  const SafetensorsFile* file = nullptr;  ///< the file that holds the pieces
+  const WeightFile* file = nullptr;  ///< the file that holds the pieces
   std::vector<TensorPiece> pieces;        ///< concatenated along dim 0, in order, they are the tensor
 
   /// The view of a tensor stored as is: one piece covering all its rows.
-  static TensorView whole(const TensorEntry& entry, const SafetensorsFile& file);
+  static TensorView whole(const TensorEntry& entry, const WeightFile& file);
   /// One piece covering a whole stored tensor of the presented shape: data() is the tensor.
   bool stored_as_is() const;
   /// The bytes of a tensor stored as is (InternalError otherwise).
@@ -76,7 +76,7 @@ class TensorStore {
   /// run is checked here, from the header: its stored key exists, its rows lie inside the stored
   /// tensor, the runs of a tensor share dtype and trailing dims, a presented shape has their
   /// size. Throws WeightError naming the file, the stored key and its shape.
-  static TensorStore open_presented(std::shared_ptr<const SafetensorsFile> file, const std::string& label,
+  static TensorStore open_presented(std::shared_ptr<const WeightFile> file, const std::string& label,
                                     const std::vector<PresentedTensor>& tensors);
 
   /// All tensor names (from the index, or from the single file's header), sorted.
@@ -99,14 +99,14 @@ class TensorStore {
   std::string dir_;
   std::string label_;
   std::map<std::string, std::string> key_to_file_;
-  mutable std::map<std::string, std::shared_ptr<const SafetensorsFile>> open_;
+  mutable std::map<std::string, std::shared_ptr<const WeightFile>> open_;
   // Presented tensors (open_presented): their entry as presented and their resolved pieces.
   struct Presented {
     TensorEntry entry;
     std::vector<TensorPiece> pieces;
   };
   std::map<std::string, std::shared_ptr<Presented>> presented_;
-  const SafetensorsFile& shard(const std::string& file) const;
+  const WeightFile& shard(const std::string& file) const;
 };
 
 }  // namespace fluxmpi::io

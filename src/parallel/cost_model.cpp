@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/common/quantized_linear.h"
 #include "parallel/param_formulas.h"
 
 namespace fluxmpi::parallel::detail {
@@ -59,6 +60,12 @@ StageEstimate CostModel::estimate(int rank, int64_t first, int64_t last) const {
     e.step_flops += final_flops_;
   }
   e.weight_bytes = to_bytes(params, r_.dtype_bytes);
+  if (r_.stored) {
+    e.weight_bytes = 0;
+    for (int64_t b = first; b <= last; ++b) e.weight_bytes += block_weight_bytes(b);
+    if (rank == 0) e.weight_bytes += r_.stored->embedders.bytes(r_.dtype_bytes);
+    if (rank == r_.world_size - 1) e.weight_bytes += r_.stored->final_layer.bytes(r_.dtype_bytes);
+  }
   e.flops_share = e.step_flops / total_flops_;
   e.activation_bytes = activation_bytes_;
   // Rank 0 keeps its slice while it decodes: later images are still in the pipeline then.
@@ -115,7 +122,9 @@ uint64_t CostModel::transformer_activations() const {
   const int64_t mlp = kMlpTensors * m * L * mlp_hidden_ * b;
   const uint64_t scores = kScoreTensors * score_chunk_bytes(m * c.num_attention_heads, L, L, b, r_.attention_chunk_bytes);
   const int64_t rope = 2 * L * c.attention_head_dim * 4;  // cos and sin tables, fp32
-  return static_cast<uint64_t>(streams + mlp + rope) + scores;
+  // Quantized weights: the working memory of the dequantization of one layer's weight per call.
+  const uint64_t dequantize = r_.stored ? nn::quantized_scratch_bytes(m * L, D, b) : 0;
+  return static_cast<uint64_t>(streams + mlp + rope) + scores + dequantize;
 }
 
 uint64_t CostModel::text_activations() const {

@@ -24,8 +24,12 @@ class CostModel {
   int64_t num_blocks() const { return r_.transformer.num_blocks(); }
   bool is_double(int64_t block) const { return block < num_double(); }
   uint64_t block_weight_bytes(int64_t block) const {
+    if (r_.stored)
+      return (is_double(block) ? r_.stored->double_blocks[block] : r_.stored->single_blocks[block - num_double()]).bytes(r_.dtype_bytes);
     return to_bytes(is_double(block) ? p_.double_block : p_.single_block, r_.dtype_bytes);
   }
+  /// The whole transformer's weights as the ranks hold them.
+  uint64_t total_weight_bytes() const { return r_.stored ? r_.stored->total(r_.dtype_bytes) : to_bytes(p_.total, r_.dtype_bytes); }
   uint64_t encoder_weight_bytes() const { return encoder_weight_bytes_; }
   uint64_t vae_weight_bytes() const { return vae_weight_bytes_; }
   uint64_t vae_activation_bytes() const { return vae_activation_bytes_; }

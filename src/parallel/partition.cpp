@@ -65,6 +65,11 @@ StagePlan StagePlan::make(const PlanRequest& request) {
   FLUX_CHECK(r.dtype_bytes > 0 && r.image_tokens > 0 && r.text_tokens > 0 && r.microbatch > 0 && r.images > 0 &&
                  r.passes > 0,
              "plan request with non-positive sizes");
+  FLUX_CHECK(!r.stored || (static_cast<int64_t>(r.stored->double_blocks.size()) == r.transformer.num_layers &&
+                           static_cast<int64_t>(r.stored->single_blocks.size()) == r.transformer.num_single_layers),
+             "stored weights of ", r.stored ? r.stored->double_blocks.size() : 0, " + ",
+             r.stored ? r.stored->single_blocks.size() : 0, " blocks for a transformer of ", r.transformer.num_layers, " + ",
+             r.transformer.num_single_layers);
   const bool applies = CostModel(r).tiling_applies();
   // Tiling a latent no larger than one tile changes nothing: the plan reports it off.
   r.vae_tiling = r.vae_tiling && applies;
@@ -171,8 +176,12 @@ StagePlan StagePlan::plan_fixed(const PlanRequest& r, bool auto_tiling) {
 
   std::ostringstream s;
   s << "FLUX transformer: " << plan.num_double_ << " double + " << plan.num_single_ << " single blocks, "
-    << group_digits(plan.params_.total) << " parameters (" << format_bytes(to_bytes(plan.params_.total, r.dtype_bytes))
-    << " in " << r.dtype_label << ")\n";
+    << group_digits(plan.params_.total) << " parameters (";
+  if (r.stored)
+    s << format_bytes(r.stored->total(r.dtype_bytes)) << " as held: " << r.stored->label << "; quantized tensors kept as stored, the others in "
+      << r.dtype_label << ")\n";
+  else
+    s << format_bytes(to_bytes(plan.params_.total, r.dtype_bytes)) << " in " << r.dtype_label << ")\n";
   s << "plan: " << (plan.overridden_ ? "--partition override" : str_cat("balance ", balance_name(r.balance)))
     << (P == 1 ? " on 1 rank" : str_cat(" over ", P, " ranks")) << "; per step " << r.image_tokens << " image + "
     << r.text_tokens << " text tokens, microbatch " << r.microbatch << "\n";

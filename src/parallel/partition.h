@@ -163,11 +163,30 @@ struct ControlNetRequest {
 };
 /// FluxControlNetModel's parameters by formula from its config (checkable against its weights).
 int64_t count_controlnet_params(const io::ControlNetConfig& config);
+/// The transformer's weights as the ranks hold them when they are not converted to the run dtype:
+/// a GGUF file's block-quantized tensors stay as stored (models/common/quantized_linear.h), the
+/// others are converted. Bytes per block (in execution order within each kind) and for the parts
+/// of rank 0 and of the last rank.
+struct StoredWeights {
+  /// One part's tensors: the block-quantized ones at their stored bytes, the others by elements
+  /// (held in the run dtype).
+  struct Part {
+    uint64_t quantized_bytes = 0, dense_elements = 0;
+    uint64_t bytes(int64_t dtype_bytes) const { return quantized_bytes + dense_elements * static_cast<uint64_t>(dtype_bytes); }
+  };
+  std::vector<Part> double_blocks, single_blocks;
+  Part embedders;    ///< rank 0's input embedders (and FLUX.2's global modulation)
+  Part final_layer;  ///< norm_out, proj_out
+  std::string label;  ///< how they are stored, for the table: "GGUF: Q8_0 x 304, F32 x 467, F16 x 6"
+  uint64_t total(int64_t dtype_bytes) const;
+};
 
 /// What a plan is made from.
 struct PlanRequest {
   io::TransformerConfig transformer;  ///< FLUX.2: io::transformer_shape() of its config
   std::optional<FamilyCosts> family;  ///< absent: FLUX.1's counts and shapes by formula
+  /// Weights held as stored (a GGUF transformer): replaces parameters x dtype bytes per block.
+  std::optional<StoredWeights> stored;
   std::optional<LlmEncoderCosts> llm; ///< FLUX.2: its text encoder (absent: nothing to encode)
   std::optional<io::ClipTextConfig> clip;  ///< absent: rank 0 loads no CLIP (nothing to encode)
   std::optional<io::T5Config> t5;          ///< absent: rank 0 loads no T5

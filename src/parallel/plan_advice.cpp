@@ -65,14 +65,14 @@ void throw_infeasible(const PlanRequest& r, const CostModel& model) {
     const std::string over = stage_over_budget(r, model, rank, e, budget, P == 1 ? "" : " even with a single block");
     if (!over.empty()) throw UsageError(str_cat("--max-memory: ", over));
   }
-  const uint64_t weights = to_bytes(model.params().total, r.dtype_bytes);
+  const uint64_t weights = model.total_weight_bytes();
   const std::string what = P == 1 ? str_cat("the ", model.num_blocks(), " transformer blocks do not fit the budget on 1 rank")
                                   : str_cat("no split of the ", model.num_blocks(), " transformer blocks over ", P,
                                             " ranks fits the budgets");
   std::string advice = "raise the budgets, add ranks";
   if (!r.vae_tiling && model.tiling_applies()) advice += ", use --vae-tiling";
   throw UsageError(str_cat("--max-memory: ", what, " (", budgets_text(r.max_memory), "): the transformer's weights are ",
-                           format_bytes(weights), " in ", r.dtype_label, " and every rank also needs about ",
+                           format_bytes(weights), r.stored ? " as stored" : " in " + r.dtype_label, " and every rank also needs about ",
                            format_bytes(kRuntimeBaselineBytes + model.activation_bytes()), " for runtime and activations; ",
                            advice, r.dtype_bytes > 2 ? " or use --dtype bf16" : ""));
 }

@@ -131,6 +131,15 @@ TEST(CheckpointFormat, CheckMatchesComparesTheRecordedSourceFiles) {
   b = a;
   b.file.sources.transformer = "/m/flux1-dev-fp8.safetensors";
   EXPECT_NE(matches_error(a, b).find("'source_transformer' is \"/m/flux1-dev.safetensors\""), std::string::npos);
+  // A GGUF transformer: the same path holding another quantization is another job.
+  a.file.sources.transformer = b.file.sources.transformer = "/m/flux1-dev.gguf";
+  a.file.sources.transformer_quantization = "F32 x 471, Q8_0 x 304, F16 x 5";
+  b.file.sources.transformer_quantization = "F32 x 471, Q4_K x 304, F16 x 5";
+  EXPECT_EQ(matches_error(a, b),
+            "run.h5: 'source_transformer_quantization' is \"F32 x 471, Q8_0 x 304, F16 x 5\" in the checkpoint, the command "
+            "line asks for \"F32 x 471, Q4_K x 304, F16 x 5\"; the checkpoint belongs to another job");
+  b.file.sources.transformer_quantization = a.file.sources.transformer_quantization;
+  EXPECT_EQ(matches_error(a, b), "matches");
 }
 
 TEST(CheckpointFormat, CheckMatchesNamesTheFirstDifferingField) {

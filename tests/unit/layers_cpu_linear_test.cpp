@@ -84,7 +84,8 @@ TEST_F(CpuLinear, StridedRowsAndFusedWeights) {
     (*l)->bias.set_data(at::randn({(*l)->out_features}));
   }
   const at::Tensor wq = q->weight.clone(), bq = q->bias.clone(), wv = v->weight.clone(), bv = v->bias.clone();
-  auto [fw, fb] = fuse_linears({q, k, v});
+  const FusedLinear fused = fuse_linears({q, k, v});
+  const at::Tensor &fw = fused.weight, &fb = fused.bias;
   if (have_onednn()) EXPECT_EQ(fw.stride(0), 1);
   for (const at::Tensor& x : {window, transposed}) {
     expect_like_float64(q->forward(x), x, wq, bq, "q of the fused weight");

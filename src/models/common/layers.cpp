@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include "core/error.h"
+
 #include "models/common/cpu_linear.h"
+#include "models/common/quantized_linear.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::nn {
@@ -14,7 +17,23 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in
   if (with_bias) bias = register_parameter("bias", placeholder({out}), false);
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) const { return nn::linear(x, weight, bias); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) const {
+  if (quantized) return quantized_linear(x, *quantized, bias);
+  return nn::linear(x, weight, bias);
+}
+
+void LinearImpl::set_quantized(std::shared_ptr<const QuantizedWeight> w) {
+  FLUX_CHECK(w && w->runs.size() == 1 && w->out_features() == out_features && w->in_features == in_features,
+             "quantized weight of the wrong shape for a linear [", out_features, ", ", in_features, "]");
+  at::NoGradGuard no_grad;
+  weight.set_data(w->runs.front().bytes);
+  quantized = std::move(w);
+}
+
+at::Tensor linear(const at::Tensor& x, const FusedLinear& f) {
+  if (f.quantized) return quantized_linear(x, *f.quantized, f.bias);
+  return nn::linear(x, f.weight, f.bias);
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", placeholder({dim}), false);
@@ -68,21 +87,31 @@ EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim) {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
 
-std::pair<at::Tensor, at::Tensor> fuse_linears(const std::vector<Linear>& parts) {
+FusedLinear fuse_linears(const std::vector<Linear>& parts) {
   at::NoGradGuard no_grad;
+  size_t quantized = 0;
+  for (const auto& l : parts) quantized += l->quantized ? 1 : 0;
+  if (quantized != 0 && quantized != parts.size()) return {};
+  const bool with_bias = parts.front()->bias.defined();
+  FusedLinear fused;
   std::vector<at::Tensor> ws, bs;
+  std::vector<std::shared_ptr<const QuantizedWeight>> qs;
   for (const auto& l : parts) {
-    ws.push_back(l->weight);
-    bs.push_back(l->bias);
+    FLUX_CHECK(l->bias.defined() == with_bias, "fused linears with and without bias");
+    if (with_bias) bs.push_back(l->bias);
+    if (quantized) qs.push_back(l->quantized);
+    else ws.push_back(l->weight);
   }
-  at::Tensor w = gemm_layout(at::cat(ws, 0)), b = at::cat(bs, 0);
+  if (with_bias) fused.bias = at::cat(bs, 0);
+  if (quantized) fused.quantized = concat_quantized(qs);
+  else fused.weight = gemm_layout(at::cat(ws, 0));
   int64_t offset = 0;
   for (const auto& l : parts) {
-    l->weight.set_data(w.narrow(0, offset, l->out_features));
-    l->bias.set_data(b.narrow(0, offset, l->out_features));
+    if (!quantized) l->weight.set_data(fused.weight.narrow(0, offset, l->out_features));
+    if (with_bias) l->bias.set_data(fused.bias.narrow(0, offset, l->out_features));
     offset += l->out_features;
   }
-  return {w, b};
+  return fused;
 }
 
 at::Tensor gelu_tanh(const at::Tensor& x) { return at::gelu(x, "tanh"); }

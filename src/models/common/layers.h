@@ -7,21 +7,39 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <memory>
 #include <utility>
 #include <vector>
 
 namespace fluxmpi::nn {
 
-/// y = x W^T + b. Parameters: weight [out, in], bias [out].
+struct QuantizedWeight;
+
+/// y = x W^T + b. Parameters: weight [out, in], bias [out]. A weight loaded from a GGUF block type
+/// stays quantized (models/common/quantized_linear.h): `quantized` holds it, and the registered
+/// `weight` is then its bytes ([out, row bytes] uint8), so names and memory accounting stay true.
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
   at::Tensor forward(const at::Tensor& x) const;
+  /// Keeps `w` ([out_features, in_features], one run of rows) as this layer's weight.
+  void set_quantized(std::shared_ptr<const QuantizedWeight> w);
   at::Tensor weight;
   at::Tensor bias;  ///< undefined without bias
+  std::shared_ptr<const QuantizedWeight> quantized;  ///< set: the weight is quantized
   int64_t in_features, out_features;
 };
 TORCH_MODULE(Linear);
+
+/// Several linears that read the same input as one: a dense weight, or a quantized one (the parts'
+/// runs of rows joined), and the joined bias.
+struct FusedLinear {
+  at::Tensor weight, bias;
+  std::shared_ptr<const QuantizedWeight> quantized;
+  bool defined() const { return weight.defined() || quantized != nullptr; }
+};
+/// x times the fused weight transposed, plus the fused bias.
+at::Tensor linear(const at::Tensor& x, const FusedLinear& fused);
 
 /// RMS normalisation in float32 with a learned scale, as diffusers' RMSNorm and T5's LayerNorm:
 /// x * rsqrt(mean(x^2) + eps), cast to the weight dtype when that is 16-bit, times weight.
@@ -80,8 +98,10 @@ TORCH_MODULE(Embedding);
 
 /// Concatenates the weights and biases of linears that read the same input along the output
 /// dimension, and re-points each linear's parameters at its slice of the result (no extra memory
-/// once the originals are released; names unchanged). Returns the fused (weight, bias).
-std::pair<at::Tensor, at::Tensor> fuse_linears(const std::vector<Linear>& parts);
+/// once the originals are released; names unchanged). Quantized parts are joined by their runs of
+/// rows (no copy). Parts of which some are quantized and others not are left apart: the result
+/// is then undefined, and the callers run the parts one by one.
+FusedLinear fuse_linears(const std::vector<Linear>& parts);
 
 /// GELU with the tanh approximation (diffusers "gelu-approximate", transformers "gelu_new").
 at::Tensor gelu_tanh(const at::Tensor& x);

@@ -1,11 +1,15 @@
 #include "models/common/loader.h"
 
+#include <cstring>
+#include <map>
 #include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "models/common/layers.h"
+#include "models/common/quantized_linear.h"
 #include "models/common/tensor_utils.h"
 
 namespace fluxmpi::nn {
@@ -69,12 +73,57 @@ void check_module(const torch::nn::Module& module, const io::TensorStore& store,
   match_parameters(module, store, rules, [](const at::Tensor&, const std::string&, const std::string&) {});
 }
 
+namespace {
+
+// The linear layers of a module tree by their weight parameter: a weight stored in a GGUF block type
+// stays quantized in its layer.
+std::map<const void*, LinearImpl*> linears_by_weight(torch::nn::Module& module) {
+  std::map<const void*, LinearImpl*> out;
+  // Children only: the module itself may live outside a shared_ptr (modules(true) needs one).
+  if (auto* l = dynamic_cast<LinearImpl*>(&module)) out[l->weight.unsafeGetTensorImpl()] = l;
+  for (const auto& m : module.modules(/*include_self=*/false))
+    if (auto* l = dynamic_cast<LinearImpl*>(m.get())) out[l->weight.unsafeGetTensorImpl()] = l;
+  return out;
+}
+
+// The bytes of a tensor's row runs, joined: [rows, row bytes] uint8.
+std::shared_ptr<QuantizedWeight> copy_quantized(const io::TensorView& view) {
+  const io::TensorEntry& e = *view.entry;
+  const int64_t rows = e.shape.front();
+  const int64_t row = static_cast<int64_t>(e.num_bytes()) / std::max<int64_t>(rows, 1);
+  auto w = std::make_shared<QuantizedWeight>();
+  w->in_features = e.shape.back();
+  at::Tensor bytes = at::empty({rows, row}, at::kByte);
+  uint8_t* out = bytes.data_ptr<uint8_t>();
+  for (const auto& p : view.pieces) {
+    std::memcpy(out, p.data(), p.num_bytes());
+    out += p.num_bytes();
+  }
+  w->runs.push_back({e.dtype, bytes});
+  return w;
+}
+
+}  // namespace
+
 LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, const LoadRules& rules,
                       at::ScalarType dtype, at::Device device) {
   at::NoGradGuard no_grad;
   LoadStats stats;
+  const std::map<const void*, LinearImpl*> linears = linears_by_weight(module);
   match_parameters(module, store, rules, [&](at::Tensor param, const std::string& key, const std::string& name) {
     io::TensorView view = store.get(key);
+    auto linear = linears.find(param.unsafeGetTensorImpl());
+    if (io::is_quantized(view.entry->dtype) && linear != linears.end() && view.entry->shape.size() == 2 &&
+        !rules.adjust.wants(name)) {
+      // Kept as stored (dequantized at compute time, models/common/quantized_linear.h); a weight a
+      // LoRA changes is dequantized and merged instead, below.
+      std::shared_ptr<QuantizedWeight> w = copy_quantized(view);
+      view.release();
+      stats.tensors += 1;
+      stats.bytes += w->bytes();
+      linear->second->set_quantized(std::move(w));
+      return;
+    }
     at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
     if (rules.adjust.wants(name)) {
       // An fp32 run on the CPU merges in place; otherwise in an fp32 copy, then rounded once.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/dequantize.h"
 #include "io/float8.h"
 
 namespace fluxmpi::nn {
@@ -108,19 +109,21 @@ at::Tensor borrow_bytes(const uint8_t* ptr, uint64_t bytes, const std::vector<in
   return out;
 }
 
-// Float8 rows decoded a block at a time into float32, so a large matrix never needs a float32
-// copy of itself.
+// Float8 and GGUF block-quantized rows decoded a block of rows at a time into float32, so a large
+// matrix never needs a float32 copy of itself.
 constexpr int64_t kDecodeElements = int64_t{1} << 22;
 
-void copy_f8_rows(const uint8_t* codes, int64_t rows, int64_t cols, io::DType dtype, at::Tensor dst_rows) {
+void copy_decoded_rows(const uint8_t* codes, int64_t rows, int64_t cols, io::DType dtype, at::Tensor dst_rows) {
   const int64_t step = std::max<int64_t>(1, kDecodeElements / std::max<int64_t>(cols, 1));
+  const uint64_t row_bytes = io::is_quantized(dtype) ? io::row_bytes(dtype, cols) : static_cast<uint64_t>(cols);
   at::Tensor buffer = at::empty({std::min(step, rows), cols}, at::kFloat);
   for (int64_t r = 0; r < rows; r += step) {
     const int64_t n = std::min(step, rows - r);
     at::Tensor block = buffer.narrow(0, 0, n);
-    const uint8_t* src = codes + r * cols;
+    const uint8_t* src = codes + static_cast<uint64_t>(r) * row_bytes;
     float* out = block.data_ptr<float>();
-    if (dtype == io::DType::F8_E4M3) io::decode_f8_e4m3(src, static_cast<size_t>(n * cols), out);
+    if (io::is_quantized(dtype)) io::dequantize_rows(dtype, src, n, cols, out, cols);
+    else if (dtype == io::DType::F8_E4M3) io::decode_f8_e4m3(src, static_cast<size_t>(n * cols), out);
     else io::decode_f8_e5m2(src, static_cast<size_t>(n * cols), out);
     dst_rows.narrow(0, r, n).copy_(block);
   }
@@ -139,8 +142,8 @@ void copy_view(const io::TensorView& view, at::Tensor& dst) {
     const int64_t n = p.row_end - p.row_begin;
     at::Tensor target = flat.narrow(0, at, n);
     const io::DType d = p.entry->dtype;
-    if (d == io::DType::F8_E4M3 || d == io::DType::F8_E5M2) {
-      copy_f8_rows(p.data(), n, flat.size(1), d, target);
+    if (d == io::DType::F8_E4M3 || d == io::DType::F8_E5M2 || io::is_quantized(d)) {
+      copy_decoded_rows(p.data(), n, flat.size(1), d, target);
     } else {
       at::Tensor src = borrow_bytes(p.data(), p.num_bytes(), p.shape(), d, p.entry->name, p.file->path());
       target.copy_(src.reshape({n, -1}));

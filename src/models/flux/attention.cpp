@@ -33,16 +33,16 @@ FluxAttentionImpl::FluxAttentionImpl(int64_t dim, int64_t heads_, int64_t head_d
 
 
 void FluxAttentionImpl::fuse() {
-  std::tie(fused_weight_, fused_bias_) = nn::fuse_linears({to_q, to_k, to_v});
-  if (add_q_proj) std::tie(fused_add_weight_, fused_add_bias_) = nn::fuse_linears({add_q_proj, add_k_proj, add_v_proj});
+  fused_ = nn::fuse_linears({to_q, to_k, to_v});
+  if (add_q_proj) fused_add_ = nn::fuse_linears({add_q_proj, add_k_proj, add_v_proj});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const at::Tensor& x, bool text) const {
   const int64_t B = x.size(0), N = x.size(1), inner = heads * head_dim;
   at::Tensor q, k, v;
-  const at::Tensor& fw = text ? fused_add_weight_ : fused_weight_;
-  if (fw.defined()) {
-    at::Tensor qkv = nn::linear(x, fw, text ? fused_add_bias_ : fused_bias_);
+  const nn::FusedLinear& fused = text ? fused_add_ : fused_;
+  if (fused.defined()) {
+    at::Tensor qkv = nn::linear(x, fused);
     q = qkv.narrow(-1, 0, inner);
     k = qkv.narrow(-1, inner, inner);
     v = qkv.narrow(-1, 2 * inner, inner);
@@ -136,7 +136,7 @@ std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Ten
   // txt: [B, S, D], img: [B, L, D]
   FLUX_CHECK(add_q_proj, "forward_joint on a single-stream attention");
   const int64_t B = txt.size(0), S = txt.size(1), L = img.size(1), inner = heads * head_dim;
-  if (fused_weight_.defined() && fused_add_weight_.defined() && fused_path(img)) {
+  if (fused_.defined() && fused_add_.defined() && fused_path(img)) {
     // One pass per tensor from the projections to the attention input, no cat; the attention
     // output lands in [B, S+L, H*Dh] directly.
     JointQkv j(B, heads, S + L, head_dim, img.options(), kv);
@@ -145,8 +145,8 @@ std::pair<at::Tensor, at::Tensor> FluxAttentionImpl::forward_joint(const at::Ten
       const auto part = [&](int64_t i) { return qkv.narrow(-1, i * inner, inner).view({B, n, heads, head_dim}); };
       j.add(part(0), part(1), part(2), nq, nk, rope, row0);
     };
-    add(nn::linear(txt, fused_add_weight_, fused_add_bias_), norm_added_q, norm_added_k, 0);
-    add(nn::linear(img, fused_weight_, fused_bias_), norm_q, norm_k, S);
+    add(nn::linear(txt, fused_add_), norm_added_q, norm_added_k, 0);
+    add(nn::linear(img, fused_), norm_q, norm_k, S);
     at::Tensor out = at::empty({B, S + L, inner}, img.options());
     j.attend_into(out);
     return {to_add_out->forward(out.narrow(1, 0, S)), out_proj_->forward(out.narrow(1, S, L))};

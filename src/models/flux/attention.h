@@ -74,7 +74,7 @@ class FluxAttentionImpl : public torch::nn::Module {
   at::Tensor attend_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
                               KvCache* kv) const;
   nn::Linear out_proj_{nullptr};  ///< to_out[0], typed
-  at::Tensor fused_weight_, fused_bias_, fused_add_weight_, fused_add_bias_;
+  nn::FusedLinear fused_, fused_add_;  ///< q|k|v of the image stream, of the text stream
 };
 TORCH_MODULE(FluxAttention);
 

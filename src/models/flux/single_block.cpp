@@ -15,7 +15,7 @@ SingleBlockImpl::SingleBlockImpl(int64_t dim_, int64_t heads, int64_t head_dim) 
 }
 
 void SingleBlockImpl::fuse() {
-  std::tie(fused_weight_, fused_bias_) = nn::fuse_linears({attn->to_q, attn->to_k, attn->to_v, proj_mlp});
+  fused_ = nn::fuse_linears({attn->to_q, attn->to_k, attn->to_v, proj_mlp});
 }
 
 at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb, const RopeTables& rope,
@@ -25,9 +25,9 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
   auto m = norm->chunks(temb, kv != nullptr ? &kv->modulation[0] : nullptr);  // shift, scale, gate
   at::Tensor h = modulate(x, m[0], m[1]);
   const int64_t inner = attn->heads * attn->head_dim;
-  if (fused_weight_.defined() && fused::applies(x)) {
+  if (fused_.defined() && fused::applies(x)) {
     // The attention output and GELU(mlp) are written side by side into proj_out's input: no cat.
-    at::Tensor all = nn::linear(h, fused_weight_, fused_bias_);
+    at::Tensor all = nn::linear(h, fused_);
     at::Tensor both = at::empty({x.size(0), x.size(1), inner + mlp_dim}, x.options());
     attn->attend_into(all.narrow(-1, 0, inner), all.narrow(-1, inner, inner), all.narrow(-1, 2 * inner, inner), rope,
                       both.narrow(-1, 0, inner), kv);
@@ -35,8 +35,8 @@ at::Tensor SingleBlockImpl::forward(const at::Tensor& x, const at::Tensor& temb,
     return clip_fp16(gated_residual(x, m[2], proj_out->forward(both)));
   }
   at::Tensor q, k, v, mlp;
-  if (fused_weight_.defined()) {
-    at::Tensor all = nn::linear(h, fused_weight_, fused_bias_);
+  if (fused_.defined()) {
+    at::Tensor all = nn::linear(h, fused_);
     q = all.narrow(-1, 0, inner);
     k = all.narrow(-1, inner, inner);
     v = all.narrow(-1, 2 * inner, inner);

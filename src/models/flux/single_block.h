@@ -25,7 +25,7 @@ class SingleBlockImpl : public torch::nn::Module {
   int64_t dim, mlp_dim;
 
  private:
-  at::Tensor fused_weight_, fused_bias_;
+  nn::FusedLinear fused_;  ///< to_q|to_k|to_v|proj_mlp
 };
 TORCH_MODULE(SingleBlock);
 

@@ -175,6 +175,12 @@ Flux2Transformer load_flux2_transformer(const std::string& transformer_dir, cons
                                         at::ScalarType dtype, at::Device device, nn::LoadStats* stats) {
   const TransformerConfig config = read_transformer_config(transformer_dir);
   io::TensorStore store = io::TensorStore::open_dir(transformer_dir, str_cat("transformer folder '", transformer_dir, "'"));
+  return load_flux2_transformer(config, std::move(store), part, dtype, device, stats);
+}
+
+Flux2Transformer load_flux2_transformer(const TransformerConfig& config, io::TensorStore store,
+                                        const TransformerPart& part, at::ScalarType dtype, at::Device device,
+                                        nn::LoadStats* stats) {
   Flux2Transformer model(config, part);
   nn::LoadRules rules;
   rules.owned = [&model](const std::string& key) { return model->owns_key(key); };

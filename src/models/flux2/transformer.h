@@ -103,5 +103,10 @@ TORCH_MODULE(Flux2Transformer);
 /// folders only).
 Flux2Transformer load_flux2_transformer(const std::string& transformer_dir, const TransformerPart& part,
                                         at::ScalarType dtype, at::Device device, nn::LoadStats* stats = nullptr);
+/// The same from any store presenting the diffusers keys: a folder's, or a single file's (a GGUF
+/// or safetensors file in the original layout, io::ModelDir::open_weights).
+Flux2Transformer load_flux2_transformer(const TransformerConfig& config, io::TensorStore store,
+                                        const TransformerPart& part, at::ScalarType dtype, at::Device device,
+                                        nn::LoadStats* stats = nullptr);
 
 }  // namespace fluxmpi::flux2

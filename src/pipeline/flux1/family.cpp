@@ -6,6 +6,7 @@
 #include "models/flux/transformer.h"
 #include "models/vae/image_processor.h"
 #include "pipeline/control_residuals.h"
+#include "parallel/stored_weights.h"
 #include "pipeline/flux1/loras.h"
 #include "pipeline/noise.h"
 #include "pipeline/run_plan.h"
@@ -37,6 +38,7 @@ class Flux1Family : public Family {
 
   void plan_transformer(const io::ModelDir& dir, parallel::PlanRequest& request) const override {
     request.transformer = dir.transformer_config();
+    request.stored = parallel::gguf_stored_weights(dir, request.transformer);
   }
 
   std::shared_ptr<flux::StageModel> load_part(const io::ModelDir& dir, const RunPlan& plan, const parallel::StagePlan& stages,

@@ -116,7 +116,7 @@ class Flux1Root : public FamilyRoot {
     file.vae_scale_factor = dir.vae_config().scale_factor();
     file.sources = {dir.source(io::Component::Transformer).path, dir.source(io::Component::Vae).path,
                     dir.source(io::Component::TextEncoder).path, dir.source(io::Component::TextEncoder2).path,
-                    dir.root()};
+                    dir.root(), dir.source(io::Component::Transformer).quantization};
   }
 
   void check_weights(PreparedRun& run) override {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "models/flux2/vae.h"
+#include "parallel/stored_weights.h"
 #include "pipeline/flux2/stages.h"
 #include "pipeline/prepared_run.h"
 #include "pipeline/run_plan.h"
@@ -61,6 +62,7 @@ class Flux2Family : public Family {
   void plan_transformer(const io::ModelDir& dir, parallel::PlanRequest& request) const override {
     request.transformer = io::transformer_shape(dir.flux2_transformer_config());
     request.family = parallel::flux2_family_costs(dir.flux2_transformer_config());
+    request.stored = parallel::gguf_stored_weights(dir, request.transformer);
   }
 
   std::shared_ptr<flux::StageModel> load_part(const io::ModelDir& dir, const RunPlan&, const parallel::StagePlan& stages,

@@ -58,7 +58,8 @@ void refuse_unsupported(const RunConfig& c, io::Flux2Kind kind) {
   if (!c.loras.empty()) throw UsageError(str_cat("--lora: LoRAs are supported for FLUX.1 models only, not ", what));
   if (!c.controlnets.empty())
     throw UsageError(str_cat("--controlnet: FLUX ControlNets serve FLUX.1 models (FluxControlNetPipeline), not ", what));
-  for (const char* option : {"transformer", "vae", "text-encoder", "text-encoder-2", "model-config"})
+  // The transformer may come from a single file (a GGUF or safetensors file in the original layout).
+  for (const char* option : {"vae", "text-encoder", "text-encoder-2", "model-config"})
     if (c.was_given(option))
       throw UsageError(str_cat("--", option, ": ", what, " is read from its diffusers folder (--model DIR) only"));
 }
@@ -173,7 +174,8 @@ class Flux2Root : public FamilyRoot {
     file.model_config = shapes_.transformer.json_text;
     file.vae_scale_factor = shapes_.vae.scale_factor();
     file.sources = {dir.source(io::Component::Transformer).path, dir.source(io::Component::Vae).path,
-                    dir.source(io::Component::TextEncoder).path, "", dir.root()};
+                    dir.source(io::Component::TextEncoder).path, "", dir.root(),
+                    dir.source(io::Component::Transformer).quantization};
   }
 
   void check_weights(PreparedRun& run) override {

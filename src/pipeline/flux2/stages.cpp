@@ -139,7 +139,8 @@ std::shared_ptr<flux::StageModel> load_flux2_stage(const io::ModelDir& dir, int6
   part.end_block = end;
   part.embedders = embedders;
   part.final_layer = final_layer;
-  flux2::Flux2Transformer t = flux2::load_flux2_transformer(dir.component_dir("transformer"), part, dtype, device, stats);
+  flux2::Flux2Transformer t =
+      flux2::load_flux2_transformer(dir.flux2_transformer_config(), dir.open_weights("transformer"), part, dtype, device, stats);
   return t.ptr();
 }
 
