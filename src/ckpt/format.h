@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/configs.h"
@@ -16,6 +17,8 @@ inline constexpr const char* kFormatName = "fluxmpi";
 inline constexpr int64_t kFormatVersion = 1;
 /// Tokens of the CLIP prompt (FluxPipeline's tokenizer_max_length).
 inline constexpr int64_t kClipTokens = 77;
+/// The most reference images a checkpoint's image may record (FLUX.2 models take at most 10).
+inline constexpr int64_t kMaxReferenceImages = 64;
 /// `status` is a fixed-length, null-padded UTF-8 string of this many bytes: a variable-length
 /// string rewritten under SWMR can read back empty in a concurrent reader (docs/hdf5-format.md).
 inline constexpr int64_t kStatusBytes = 16;
@@ -87,6 +90,13 @@ struct ImageAttributes {
   Input image, mask, control_image;
   /// Kontext: the size the reference image is encoded at (pixels); 0 without one.
   int64_t condition_height = 0, condition_width = 0;
+  /// FLUX.2 multi-reference editing (pipeline "multiref"): each reference image as given and
+  /// decoded, and the size it is encoded at (pixels), in order. Files without them have none.
+  struct Reference {
+    Input input;
+    int64_t height = 0, width = 0;
+  };
+  std::vector<Reference> references;
 };
 
 /// Whether the image was made with true classifier-free guidance: `true_cfg_scale` stores the
@@ -115,6 +125,9 @@ struct ImageShape {
   int64_t image_h = 0, image_w = 0, mask_h = 0, mask_w = 0, control_h = 0, control_w = 0;  ///< inputs/* (0: none)
   int64_t condition_tokens = 0;       ///< rows of latents/image (0: none)
   int64_t condition_dim = 0;          ///< its features
+  /// FLUX.2 multi-reference: inputs/image_<k> [h, w, 3] of each reference (decoded sizes), and
+  /// latents/image_ids [condition_tokens, 4], the references' position ids.
+  std::vector<std::pair<int64_t, int64_t>> reference_inputs;
 };
 
 /// Element type of a dataset, as stored.

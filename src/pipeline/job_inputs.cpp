@@ -13,6 +13,7 @@ bool JobInputs::encodes() const {
   switch (mode) {
     case PipelineMode::Text2Img: return false;
     case PipelineMode::Kontext: return condition.height > 0;
+    case PipelineMode::Multiref: return !references.empty();
     default: return true;
   }
 }
@@ -51,18 +52,23 @@ void check_unchanged_inputs(const ckpt::CheckpointReader& r, const JobInputs& in
     } inputs[] = {{"image", "inputs/image", s.image.path, shape.image_h > 0, false},
                   {"mask", "inputs/mask", s.mask.path, shape.mask_h > 0, true},
                   {"control image", "inputs/control_image", s.control.path, shape.control_h > 0, false}};
-    for (const auto& input : inputs) {
-      // An input given to one side only is a difference check_matches names.
-      if (!input.stored || input.path.empty()) continue;
-      const io::Image8& now = pixels(input.path, input.grey);
-      at::Tensor t = r.dataset(i, input.dataset).contiguous();
+    auto compare = [&](const std::string& what, const std::string& dataset, const std::string& path, bool grey) {
+      const io::Image8& now = pixels(path, grey);
+      at::Tensor t = r.dataset(i, dataset).contiguous();
       const bool same = static_cast<size_t>(t.numel()) == now.pixels.size() &&
                         std::memcmp(t.data_ptr<uint8_t>(), now.pixels.data(), now.pixels.size()) == 0;
       if (!same)
-        throw CheckpointError(str_cat(r.path(), ": input ", input.what, " '", input.path,
+        throw CheckpointError(str_cat(r.path(), ": input ", what, " '", path,
                                       "' has changed since the checkpoint was written (its pixels differ from ",
-                                      ckpt::image_object(i, input.dataset), "); resume with the file it was made from"));
+                                      ckpt::image_object(i, dataset), "); resume with the file it was made from"));
+    };
+    for (const auto& input : inputs) {
+      // An input given to one side only is a difference check_matches names.
+      if (!input.stored || input.path.empty()) continue;
+      compare(input.what, input.dataset, input.path, input.grey);
     }
+    for (size_t k = 0; k < shape.reference_inputs.size() && k < s.references.size(); ++k)
+      compare(str_cat("reference image ", k), str_cat("inputs/image_", k), s.references[k].input.path, false);
   }
 }
 

@@ -18,6 +18,8 @@ namespace fluxmpi::pipeline {
 /// The inputs of one image of the job.
 struct ImageSources {
   ckpt::ImageAttributes::Input image, mask, control;  ///< paths and decoded sizes (path empty: none)
+  /// FLUX.2 multi-reference: every reference image (path, decoded size, encoded size), in order.
+  std::vector<ckpt::ImageAttributes::Reference> references;
   double strength = 1.0;  ///< the effective strength (1 where the mode has none)
   int64_t t_start = 0;    ///< steps of the full schedule skipped
   std::string where;      ///< "--image" or "prompts file 'p.jsonl': line 3", for messages
@@ -28,6 +30,8 @@ struct JobInputs {
   pipeline::PipelineMode mode = pipeline::PipelineMode::Text2Img;
   std::vector<ImageSources> images;  ///< one per image of the job (empty for a dry run)
   pipeline::PixelSize condition;     ///< Kontext with an image: the reference's encoded size (all images)
+  /// FLUX.2 multi-reference: the size each reference is encoded at (the same for every image).
+  std::vector<pipeline::PixelSize> references;
 
   /// Whether the job runs the VAE encoder (text2img and Kontext without an image do not).
   bool encodes() const;
