@@ -40,16 +40,6 @@ Job multiref_job() {
   return job;
 }
 
-const DatasetSpec* find(const std::vector<DatasetSpec>& specs, const std::string& name) {
-  for (const DatasetSpec& s : specs)
-    if (s.name == name) return &s;
-  return nullptr;
-}
-
-ImageShape shape_of(const Job& job, int64_t i) {
-  return image_shape(stored_transformer_config(job.file.model_config, "config"), job.file, job.images[i], "img");
-}
-
 std::string refusal(const Job& job) {
   try {
     shape_of(job, 0);
