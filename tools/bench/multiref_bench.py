@@ -4,7 +4,8 @@ against fluxmpi text-to-image, and against diffusers' Flux2KleinPipeline(image=[
 (Debian 13), on the same random-weight model. See docs/performance.md ("Multi-reference editing").
 
   tools/bench/multiref_bench.py --build build --diffusers /work/peer/diffusers-0.40.0/src \\
-      --diffusers /work/peer/huggingface_hub-1.28.0/src [--work DIR] [--threads 2] [--size 512] [--rounds 3]
+      --diffusers /work/peer/huggingface_hub-1.28.0/src --diffusers /work/peer/accelerate-1.14.0/src \\
+      [--work DIR] [--threads 2] [--size 512] [--rounds 3]
 
 The model (made once in --work, with diffusers in the Debian 13 root): a FLUX.2 [klein] folder whose
 transformer has width 512 (8 heads x 64), 2 double + 4 single blocks (random weights), with the text
