@@ -105,14 +105,7 @@ TEST(CheckpointImageInputs, AttributesAndConditionRoundTrip) {
 TEST(CheckpointImageInputs, ResumeNamesTheFieldThatDiffers) {
   const Job stored = inpaint_job();
   auto difference = [&](const std::function<void(ImageAttributes&)>& change) {
-    Job asked = inpaint_job();
-    change(asked.images[0]);
-    try {
-      check_matches("run.h5", stored.file, stored.images, asked.file, asked.images);
-    } catch (const CheckpointError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no difference");
+    return resume_difference(stored, inpaint_job(), change);
   };
   EXPECT_NE(difference([](ImageAttributes& a) { a.pipeline = "img2img"; }).find("'pipeline' is \"inpaint\""), std::string::npos);
   EXPECT_NE(difference([](ImageAttributes& a) { a.strength = 0.6; }).find("'strength' is 0.7 in the checkpoint, the command line asks for 0.6"),

@@ -113,14 +113,7 @@ TEST(CheckpointMultiref, AttributesAndDatasetsRoundTrip) {
 TEST(CheckpointMultiref, ResumeNamesTheReferenceThatDiffers) {
   const Job stored = multiref_job();
   auto difference = [&](const std::function<void(ImageAttributes&)>& change) {
-    Job asked = multiref_job();
-    change(asked.images[0]);
-    try {
-      check_matches("run.h5", stored.file, stored.images, asked.file, asked.images);
-    } catch (const CheckpointError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no difference");
+    return resume_difference(stored, multiref_job(), change);
   };
   EXPECT_NE(difference([](ImageAttributes& a) { a.references.pop_back(); })
                 .find("'reference_images' is 2 in the checkpoint, the command line asks for 1"),

@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ckpt/checkpoint_writer.h"
 #include "ckpt/format.h"
+#include "core/error.h"
 
 namespace fluxmpi::ckpt::test {
 
@@ -72,6 +74,18 @@ inline const DatasetSpec* find(const std::vector<DatasetSpec>& specs, const std:
 /// Image i's shape as the checkpoint derives it from the job's attributes.
 inline ImageShape shape_of(const Job& job, int64_t i) {
   return image_shape(stored_transformer_config(job.file.model_config, "config"), job.file, job.images[i], "img");
+}
+
+/// What check_matches says of `asked` (image 0 changed by `change`) against `stored`: its message,
+/// or "no difference".
+inline std::string resume_difference(const Job& stored, Job asked, const std::function<void(ImageAttributes&)>& change) {
+  change(asked.images[0]);
+  try {
+    check_matches("run.h5", stored.file, stored.images, asked.file, asked.images);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "no difference";
 }
 
 inline TextEmbeddings text_of(const ImageShape& s, int64_t image) {
