@@ -128,18 +128,32 @@ PromptsFile read_prompts_or_json_lines(const std::string& path) {
       if (!j[key].is_string()) throw UsageError(str_cat(where, ": \"", key, "\" must be a string"));
       return j[key].get<std::string>();
     };
+    auto resolve = [&](const char* key, const std::string& p) -> std::string {
+      if (p.empty()) throw UsageError(str_cat(where, ": \"", key, "\" must not be empty"));
+      return (folder / p).lexically_normal().string();  // relative to the file; an absolute path stays
+    };
     auto file = [&](const char* key) -> std::string {
       std::string p = text(key);
       if (!j.contains(key)) return "";
-      if (p.empty()) throw UsageError(str_cat(where, ": \"", key, "\" must not be empty"));
-      return (folder / p).lexically_normal().string();  // relative to the file; an absolute path stays
+      return resolve(key, p);
     };
     for (const auto& [key, value] : j.items())
       if (key != "prompt" && key != "image" && key != "mask" && key != "control_image" && key != "strength")
         throw UsageError(str_cat(where, ": unknown key \"", key, "\" (expected prompt, image, mask, control_image, strength)"));
     if (!j.contains("prompt")) throw UsageError(str_cat(where, ": no \"prompt\""));
     out.prompts.push_back(text("prompt"));
-    in.image = file("image");
+    // "image": a path, or a list of paths (a FLUX.2 model's reference images, in order).
+    if (j.contains("image") && j["image"].is_array()) {
+      for (const auto& e : j["image"]) {
+        if (!e.is_string()) throw UsageError(str_cat(where, ": \"image\" must be a string or a list of strings"));
+        in.images.push_back(resolve("image", e.get<std::string>()));
+      }
+      if (in.images.empty()) throw UsageError(str_cat(where, ": \"image\" must not be an empty list"));
+    } else if (j.contains("image")) {
+      if (!j["image"].is_string()) throw UsageError(str_cat(where, ": \"image\" must be a string or a list of strings"));
+      in.images = {file("image")};
+    }
+    if (!in.images.empty()) in.image = in.images.front();
     in.mask = file("mask");
     in.control_image = file("control_image");
     if (j.contains("strength")) {
@@ -198,6 +212,7 @@ std::vector<ImageJob> build_job(const RunConfig& config) {
       image.output_path = image_output_path(config.output, image.index, count);
       // A JSON Lines entry's inputs replace the command line's, one by one.
       image.image = entry && !entry->image.empty() ? entry->image : config.image;
+      image.images = entry && !entry->images.empty() ? entry->images : config.images;
       image.mask = entry && !entry->mask.empty() ? entry->mask : config.mask;
       image.control_image = entry && !entry->control_image.empty() ? entry->control_image : config.control_image;
       if (entry) image.strength = entry->strength, image.line = entry->line;

@@ -101,6 +101,7 @@ std::vector<std::pair<std::string, std::string>> png_text(const PreparedRun& run
                            {"mask", &a.mask},
                            {"control_image", &a.control_image}})
       if (!in->path.empty()) t.push_back({key, in->path});
+    for (size_t k = 0; k < a.references.size(); ++k) t.push_back({str_cat("image_", k), a.references[k].input.path});
     if (pipeline::uses_strength(*pipeline::parse_mode_name(a.pipeline))) t.push_back({"strength", str_cat(a.strength)});
   }
   if (ckpt::uses_true_cfg(a)) {
@@ -128,8 +129,7 @@ pipeline::DenoiseSetup setup_of(const RunPlan& plan, at::ScalarType dtype, at::D
   setup.text_tokens = plan.text_tokens;
   setup.latent_height = plan.latent_height;
   setup.latent_width = plan.latent_width;
-  setup.reference_height = plan.reference_height;
-  setup.reference_width = plan.reference_width;
+  setup.references = plan.references;
   setup.passes = plan.passes;
   setup.patches = plan.patches;
   setup.warmup_steps = plan.warmup_steps;

@@ -72,7 +72,13 @@ void check_model(const Settings& s, RunConfig& c) {
 // heavy), the strength within (0, 1].
 void check_image_inputs(const Settings& s, RunConfig& c) {
   std::error_code ec;
-  for (auto [name, out] : {std::pair<const char*, std::string*>{"image", &c.image}, {"mask", &c.mask}}) {
+  // --image is repeatable: a FLUX.2 model's reference images, in order (a FLUX.1 model takes one).
+  for (const Settings::Value& v : s.list("image")) {
+    if (v.text.empty()) s.fail(v, "image", "must not be empty");
+    c.images.push_back(fs::absolute(v.text, ec).lexically_normal().string());
+  }
+  if (!c.images.empty()) c.image = c.images.front();
+  for (auto [name, out] : {std::pair<const char*, std::string*>{"mask", &c.mask}}) {
     if (!s.has(name)) continue;
     *out = s.text(name);
     if (out->empty()) s.fail(name, "must not be empty");

@@ -56,7 +56,8 @@ const std::vector<Spec> kSpecs = {
     // Image inputs (docs/images.md): the mode follows from the model and the images given.
     {"image", 0, Group::Images, Kind::Text, "FILE", nullptr,
      "PNG/JPEG/WebP input: img2img on a FLUX.1 model, inpainting with --mask, Fill (FluxFillPipeline) with --mask, "
-     "the image to edit on a Kontext model", false},
+     "the image to edit on a Kontext model; on a FLUX.2 model a reference image (repeatable: multi-reference "
+     "editing, in order)", false, /*repeatable=*/true},
     {"mask", 0, Group::Images, Kind::Text, "FILE", nullptr, "inpainting mask, white = repaint (resized to the image, binarised at 50 %)", false},
     {"control-image", 0, Group::Images, Kind::Text, "FILE", nullptr,
      "the edge or depth map of a FLUX.1 Canny/Depth model (FluxControlPipeline); with --controlnet the control image "

@@ -81,6 +81,12 @@ std::vector<ImageJob> jobs_from_checkpoint(const ckpt::CheckpointReader& r, cons
     j.output_path = image_output_path(c.output, i, r.num_images());
     // The inputs each image was made from, unless the command line names others.
     j.image = c.was_given("image") ? c.image : a.image.path;
+    if (c.was_given("image")) {
+      j.images = c.images;
+    } else {
+      for (const ckpt::ImageAttributes::Reference& r : a.references) j.images.push_back(r.input.path);
+      if (j.images.empty() && !j.image.empty()) j.images = {j.image};
+    }
     j.mask = c.was_given("mask") ? c.mask : a.mask.path;
     j.control_image = c.was_given("control-image") ? c.control_image : a.control_image.path;
     if (!c.was_given("strength") && pipeline::uses_strength(pipeline::parse_mode_name(a.pipeline).value_or(
@@ -137,7 +143,7 @@ void common_plan_request(const PreparedRun& run, int world_size, int passes, int
     // of them are in flight together; a dry run counts the job its options describe.
     int64_t images = c.dry_run ? job : 0;
     for (const ImageProgress& p : run.progress) images += !p.decoded && p.start_step < *c.steps ? 1 : 0;
-    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (run.geometry.tokens() + *c.max_sequence_length) * inner_dim *
+    request.kv_cache_block_bytes = static_cast<uint64_t>(2 * (image_tokens + *c.max_sequence_length) * inner_dim *
                                                          request.dtype_bytes * passes * images);
   }
 }

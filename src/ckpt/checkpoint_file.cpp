@@ -282,6 +282,21 @@ void CheckpointFile::validate_image(int64_t i) {
     if (!runs) throw CheckpointError(str_cat(group_where, ": attribute 'controlnets' is not a JSON array of ControlNet runs"));
     a.controlnets = std::move(*runs);
   }
+  const int64_t references = int_or("reference_images", 0);
+  if (references < 0 || references > kMaxReferenceImages)
+    throw CheckpointError(str_cat(group_where, ": attribute 'reference_images' is ", references, ", expected 0 to ",
+                                  kMaxReferenceImages));
+  a.references.clear();
+  for (int64_t k = 0; k < references; ++k) {
+    ImageAttributes::Reference r;
+    const std::string name = str_cat("input_image_", k);
+    r.input.path = h5::read_string_attribute(g.get(), name.c_str(), group_where);
+    r.input.height = h5::read_int_attribute(g.get(), (name + "_height").c_str(), group_where);
+    r.input.width = h5::read_int_attribute(g.get(), (name + "_width").c_str(), group_where);
+    r.height = h5::read_int_attribute(g.get(), str_cat("reference_height_", k).c_str(), group_where);
+    r.width = h5::read_int_attribute(g.get(), str_cat("reference_width_", k).c_str(), group_where);
+    a.references.push_back(std::move(r));
+  }
   shapes_[i] = image_shape(config_, attrs_, a, group_where);
   specs_[i] = dataset_specs(shapes_[i]);
   for (const DatasetSpec& spec : specs_[i]) validate_dataset(i, spec);

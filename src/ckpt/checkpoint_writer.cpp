@@ -277,6 +277,18 @@ void create_layout(hid_t f, const FileAttributes& file, const std::vector<ImageA
       h5::write_attribute(g.get(), "condition_width", a.condition_width, where);
     }
     if (!a.controlnets.empty()) h5::write_attribute(g.get(), "controlnets", controlnets_to_json(a.controlnets), where);
+    if (!a.references.empty()) {
+      h5::write_attribute(g.get(), "reference_images", static_cast<int64_t>(a.references.size()), where);
+      for (size_t k = 0; k < a.references.size(); ++k) {
+        const ImageAttributes::Reference& r = a.references[k];
+        const std::string name = str_cat("input_image_", k);
+        h5::write_attribute(g.get(), name.c_str(), r.input.path, where);
+        h5::write_attribute(g.get(), (name + "_height").c_str(), r.input.height, where);
+        h5::write_attribute(g.get(), (name + "_width").c_str(), r.input.width, where);
+        h5::write_attribute(g.get(), str_cat("reference_height_", k).c_str(), r.height, where);
+        h5::write_attribute(g.get(), str_cat("reference_width_", k).c_str(), r.width, where);
+      }
+    }
 
     for (const DatasetSpec& spec : dataset_specs(shapes[i])) {
       const std::string name = image_object(static_cast<int64_t>(i), spec.name);
@@ -511,6 +523,7 @@ void CheckpointWriter::write_condition(int64_t i, const std::string& name, const
   const DatasetSpec& spec = m.file->spec(i, name);
   if (spec.type == StoredType::UInt8) m.write_whole(i, name, values, at::kByte, H5T_NATIVE_UINT8);
   else if (spec.type == StoredType::Float32) m.write_whole(i, name, values, at::kFloat, H5T_NATIVE_FLOAT);
+  else if (spec.type == StoredType::Int32) m.write_whole(i, name, values, at::kInt, H5T_NATIVE_INT32);
   else throw InternalError(str_cat("checkpoint: ", image_object(i, name), " is not an image input"));
 }
 

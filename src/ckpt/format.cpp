@@ -130,16 +130,19 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
   if (image.family != "flux1" && image.family != "flux2")
     throw CheckpointError(str_cat(where, ": attribute 'family' is '", image.family, "', expected flux1 or flux2"));
   s.flux2 = image.family == "flux2";
-  if (s.flux2 && image.pipeline != "text2img")
-    throw CheckpointError(str_cat(where, ": attribute 'pipeline' is '", image.pipeline, "': FLUX.2 images are text2img"));
+  if (s.flux2 && image.pipeline != "text2img" && image.pipeline != "multiref")
+    throw CheckpointError(str_cat(where, ": attribute 'pipeline' is '", image.pipeline,
+                                  "': FLUX.2 images are text2img or multiref"));
+  if (!s.flux2 && image.pipeline == "multiref")
+    throw CheckpointError(str_cat(where, ": attribute 'pipeline' is 'multiref': only FLUX.2 images take reference images"));
   s.image_h = image.image.height, s.image_w = image.image.width;
   s.mask_h = image.mask.height, s.mask_w = image.mask.width;
   s.control_h = image.control_image.height, s.control_w = image.control_image.width;
   const std::string& p = image.pipeline;
   if (p != "text2img" && p != "img2img" && p != "inpaint" && p != "fill" && p != "control" && p != "kontext" &&
-      p != "controlnet")
+      p != "controlnet" && p != "multiref")
     throw CheckpointError(str_cat(where, ": attribute 'pipeline' is '", p,
-                                  "', expected text2img, img2img, inpaint, fill, control, kontext or controlnet"));
+                                  "', expected text2img, img2img, inpaint, fill, control, kontext, controlnet or multiref"));
   if ((p == "controlnet") != !image.controlnets.empty())
     throw CheckpointError(str_cat(where, ": attribute 'controlnets' lists ", image.controlnets.size(),
                                   " ControlNet runs for pipeline '", p, "'"));
@@ -150,6 +153,19 @@ ImageShape image_shape(const io::TransformerConfig& config, const FileAttributes
     s.controlnet_inputs.emplace_back(run.height, run.width);
     if (!run.pixels) ++s.controlnet_latents;
   }
+  if ((p == "multiref") != !image.references.empty())
+    throw CheckpointError(str_cat(where, ": attribute 'reference_images' is ", image.references.size(), " but 'pipeline' is '",
+                                  p, "' (multiref images have reference images, the others none)"));
+  for (size_t k = 0; k < image.references.size(); ++k) {
+    const ImageAttributes::Reference& r = image.references[k];
+    if (r.height <= 0 || r.width <= 0 || r.height % (2 * f) != 0 || r.width % (2 * f) != 0 || r.input.height <= 0 ||
+        r.input.width <= 0)
+      throw CheckpointError(str_cat(where, ": reference image ", k, " is encoded at ", r.width, "x", r.height, " from ",
+                                    r.input.width, "x", r.input.height, " pixels (positive multiples of ", 2 * f, " expected)"));
+    s.reference_inputs.emplace_back(r.input.height, r.input.width);
+    s.condition_tokens += (r.height / (2 * f)) * (r.width / (2 * f));
+  }
+  if (p == "multiref") s.condition_dim = s.token_dim;
   if (p == "img2img" || p == "inpaint" || p == "control") s.condition_tokens = s.image_tokens, s.condition_dim = s.token_dim;
   if (p == "fill") s.condition_tokens = s.image_tokens, s.condition_dim = 5 * s.token_dim;
   if (p == "kontext" && image.condition_height > 0)
@@ -213,12 +229,15 @@ std::vector<DatasetSpec> dataset_specs(const ImageShape& s) {
   if (s.image_h > 0) specs.push_back({"inputs/image", T::UInt8, {s.image_h, s.image_w, 3}, false});
   if (s.mask_h > 0) specs.push_back({"inputs/mask", T::UInt8, {s.mask_h, s.mask_w}, false});
   if (s.control_h > 0) specs.push_back({"inputs/control_image", T::UInt8, {s.control_h, s.control_w, 3}, false});
+  for (size_t k = 0; k < s.reference_inputs.size(); ++k)
+    specs.push_back({str_cat("inputs/image_", k), T::UInt8, {s.reference_inputs[k].first, s.reference_inputs[k].second, 3}, false});
   if (s.condition_tokens > 0) specs.push_back({"latents/image", T::Float32, {s.condition_tokens, s.condition_dim}, false});
   for (size_t k = 0; k < s.controlnet_inputs.size(); ++k)
     specs.push_back({str_cat("inputs/controlnet_image_", k), T::UInt8,
                      {s.controlnet_inputs[k].first, s.controlnet_inputs[k].second, 3}, false});
   if (s.controlnet_latents > 0)
     specs.push_back({"latents/controlnet", T::Float32, {s.controlnet_latents, s.image_tokens, s.token_dim}, false});
+  if (!s.reference_inputs.empty()) specs.push_back({"latents/image_ids", T::Int32, {s.condition_tokens, 4}, false});
   if (s.pipeline == "inpaint") {
     specs.push_back({"latents/noise", T::Float32, {s.image_tokens, s.token_dim}, false});
     specs.push_back({"latents/mask", T::Float32, {s.image_tokens, s.token_dim}, false});
@@ -349,6 +368,16 @@ void check_matches(const std::string& label, const FileAttributes& stored_file,
       d.field(w, name("scale").c_str(), a.scale, b.scale);
       d.field(w, name("guidance_start").c_str(), a.guidance_start, b.guidance_start);
       d.field(w, name("guidance_end").c_str(), a.guidance_end, b.guidance_end);
+    }
+    d.field(w, "reference_images", static_cast<int64_t>(s.references.size()), static_cast<int64_t>(r.references.size()));
+    for (size_t k = 0; k < s.references.size() && k < r.references.size(); ++k) {
+      const ImageAttributes::Reference &a = s.references[k], &b = r.references[k];
+      const std::string name = str_cat("input_image_", k);
+      d.field(w, name.c_str(), a.input.path, b.input.path);
+      d.field(w, str_cat(name, " size").c_str(), std::vector<int64_t>{a.input.height, a.input.width},
+              std::vector<int64_t>{b.input.height, b.input.width});
+      d.field(w, str_cat("reference size ", k).c_str(), std::vector<int64_t>{a.height, a.width},
+              std::vector<int64_t>{b.height, b.width});
     }
   }
   if (d.found()) throw CheckpointError(str_cat(label, ": ", *d.found(), "; the checkpoint belongs to another job"));

@@ -19,6 +19,8 @@ inline constexpr const char* kFormatName = "fluxmpi";
 inline constexpr int64_t kFormatVersion = 1;
 /// Tokens of the CLIP prompt (FluxPipeline's tokenizer_max_length).
 inline constexpr int64_t kClipTokens = 77;
+/// The most reference images a checkpoint's image may record (FLUX.2 models take at most 10).
+inline constexpr int64_t kMaxReferenceImages = 64;
 /// `status` is a fixed-length, null-padded UTF-8 string of this many bytes: a variable-length
 /// string rewritten under SWMR can read back empty in a concurrent reader (docs/hdf5-format.md).
 inline constexpr int64_t kStatusBytes = 16;
@@ -105,6 +107,13 @@ struct ImageAttributes {
   } redux;
   /// ControlNet images: every run (attribute `controlnets`; absent: none).
   std::vector<ControlNetUse> controlnets;
+  /// FLUX.2 multi-reference editing (pipeline "multiref"): each reference image as given and
+  /// decoded, and the size it is encoded at (pixels), in order. Files without them have none.
+  struct Reference {
+    Input input;
+    int64_t height = 0, width = 0;
+  };
+  std::vector<Reference> references;
 };
 /// The `redux` attribute's JSON ({"model", "images": [{"path", "height", "width"}], "prompt_embeds_scale",
 /// "pooled_prompt_embeds_scale", "image_tokens", "text": "prompt" | "zeros"}) and back; nullopt when
@@ -147,6 +156,9 @@ struct ImageShape {
   /// control latents are stored (latents/controlnet [n, L_img, token_dim]; XLabs runs store none).
   std::vector<std::pair<int64_t, int64_t>> controlnet_inputs;
   int64_t controlnet_latents = 0;
+  /// FLUX.2 multi-reference: inputs/image_<k> [h, w, 3] of each reference (decoded sizes), and
+  /// latents/image_ids [condition_tokens, 4], the references' position ids.
+  std::vector<std::pair<int64_t, int64_t>> reference_inputs;
 };
 
 /// Element type of a dataset, as stored.

@@ -6,8 +6,6 @@
 #include <map>
 
 #include "core/error.h"
-#include "models/flux/latents.h"
-#include "pipeline/kontext.h"
 
 namespace fluxmpi::pipeline {
 
@@ -52,12 +50,13 @@ std::vector<at::Tensor> pack_state(const flux::StreamState& s) {
 
 // One unit of work of a group's step: the whole sequence (an exact step), or one patch.
 struct Unit {
-  int32_t patch = -1;  // -1: the whole sequence
-  int64_t text = 0;    // text tokens it carries: all of them with the whole sequence or patch 0
-  TokenRange image;    // its image tokens
-  // Where its first token sits in the joint sequence [text; image].
+  int32_t patch = -1;     // -1: the whole sequence
+  int64_t text = 0;       // text tokens it carries: all of them with the whole sequence or patch 0
+  TokenRange image;       // its image tokens
+  int64_t reference = 0;  // reference tokens it carries (after its image tokens): as the text
+  // Where its first token sits in the joint sequence [text; image; references].
   int64_t offset(int64_t text_tokens) const { return text > 0 ? 0 : text_tokens + image.first; }
-  int64_t tokens() const { return text + image.count; }
+  int64_t tokens() const { return text + image.count + reference; }
 };
 
 class Worker {
@@ -74,18 +73,27 @@ class Worker {
     FLUX_CHECK(P_ == 1 || messenger_ != nullptr, "a messenger is needed with ", P_, " ranks");
     FLUX_CHECK(setup.patches >= 1 && setup.warmup_steps >= 1, "patches ", setup.patches, ", warm-up steps ",
                setup.warmup_steps);
-    const int64_t S = setup.text_tokens;
-    FLUX_CHECK(setup.patches == 1 || setup.reference_tokens() == 0, "patches with Kontext reference tokens");
-    at::Tensor image_ids = part.image_position_ids(setup.latent_height, setup.latent_width);
-    if (setup.reference_tokens() > 0)
-      image_ids = at::cat({image_ids, reference_position_ids(setup.reference_height, setup.reference_width)}, 0);
-    rope_ = part.rope(part.text_position_ids(S).to(setup.device), image_ids.to(setup.device));
+    const int64_t S = setup.text_tokens, R = setup.reference_tokens();
+    std::vector<at::Tensor> image_ids = {part.image_position_ids(setup.latent_height, setup.latent_width)};
+    for (size_t k = 0; k < setup.references.size(); ++k)
+      image_ids.push_back(part.reference_position_ids(static_cast<int64_t>(k), setup.references[k].height,
+                                                      setup.references[k].width));
+    rope_ = part.rope(part.text_position_ids(S).to(setup.device), at::cat(image_ids, 0).to(setup.device));
     rope_.cos = rope_.cos.to(setup.device);
     rope_.sin = rope_.sin.to(setup.device);
     if (setup.patches > 1) {
       const auto ranges = patch_ranges(setup.latent_height / 2, setup.latent_width / 2, setup.patches);
-      for (size_t p = 0; p < ranges.size(); ++p)
-        patch_units_.push_back(Unit{static_cast<int32_t>(p), p == 0 ? S : 0, ranges[p]});
+      for (size_t p = 0; p < ranges.size(); ++p) {
+        patch_units_.push_back(Unit{static_cast<int32_t>(p), p == 0 ? S : 0, ranges[p], p == 0 ? R : 0});
+        // A patch's rows of the sequence: its text and image tokens from its offset on, its
+        // reference tokens (patch 0) the sequence's last rows (flux::KvCache::tail).
+        const Unit& u = patch_units_.back();
+        auto rows = [&](const at::Tensor& t) {
+          const at::Tensor head = t.narrow(0, u.offset(S), u.tokens() - u.reference);
+          return u.reference == 0 ? head : at::cat({head, t.narrow(0, t.size(0) - u.reference, u.reference)}, 0);
+        };
+        patch_rope_.push_back({rows(rope_.cos), rows(rope_.sin)});
+      }
     }
     kv_.resize(setup.groups.size());
     step_v_.resize(setup.groups.size());
@@ -101,7 +109,8 @@ class Worker {
 
   // The units of a group's step, in the order they flow.
   std::vector<Unit> units(const WorkGroup& g, int64_t step) const {
-    if (setup_.exact_step(g, step)) return {Unit{-1, setup_.text_tokens, TokenRange{0, setup_.image_tokens()}}};
+    if (setup_.exact_step(g, step))
+      return {Unit{-1, setup_.text_tokens, TokenRange{0, setup_.image_tokens()}, setup_.reference_tokens()}};
     return patch_units_;
   }
 
@@ -109,7 +118,7 @@ class Worker {
   std::vector<at::Tensor> state_buffers(const WorkGroup& g, const Unit& u) const {
     const bool joint = receives_joint();
     const int64_t m = g.count, S = u.text, D = part_.stream_dim(), M = part_.modulation_dim();
-    const int64_t L = u.image.count + (u.patch < 0 ? setup_.reference_tokens() : 0);  // Kontext: + the reference
+    const int64_t L = u.image.count + u.reference;
     auto opts = at::TensorOptions().dtype(setup_.dtype).device(setup_.device);
     std::vector<at::Tensor> buffers;
     if (joint) buffers = {at::empty({m, S + L, D}, opts), at::empty({m, D}, opts)};
@@ -312,8 +321,8 @@ class Worker {
     }
   }
 
-  // The final layer's output over the unit's image tokens: Kontext's reference tokens are dropped
-  // (FluxKontextPipeline keeps noise_pred[:, :L]).
+  // The final layer's output over the unit's image tokens: reference tokens are dropped (diffusers'
+  // FluxKontextPipeline and Flux2Pipeline keep noise_pred[:, :L]).
   at::Tensor noise_prediction(const flux::StreamState& s, const Unit& u) const {
     at::Tensor v = part_.final_layer(s);
     return v.size(1) == u.image.count ? v : v.narrow(1, 0, u.image.count);
@@ -393,14 +402,13 @@ class Worker {
     std::vector<flux::KvCache>& kv = kv_[gi][static_cast<size_t>(pass)];
     if (kv.empty()) {
       FLUX_CHECK(fills, "patch ", u.patch, " of step ", step, " without a warm-up step before it");
-      kv = part_.kv_caches(g.count, setup_.text_tokens + setup_.image_tokens(),
-                            at::TensorOptions().dtype(setup_.dtype).device(setup_.device));
+      kv = part_.kv_caches(g.count, rope_.cos.size(0), at::TensorOptions().dtype(setup_.dtype).device(setup_.device));
     }
-    const int64_t offset = u.offset(setup_.text_tokens);
-    for (flux::KvCache& c : kv) c.offset = offset;
-    flux::RopeTables rope = rope_;
-    if (pipelined) rope = {rope_.cos.narrow(0, offset, u.tokens()), rope_.sin.narrow(0, offset, u.tokens())};
-    part_.run_blocks(s, rope, {}, &kv, residuals);
+    for (flux::KvCache& c : kv) {
+      c.offset = u.offset(setup_.text_tokens);
+      c.tail = pipelined ? u.reference : 0;
+    }
+    part_.run_blocks(s, pipelined ? patch_rope_[static_cast<size_t>(u.patch)] : rope_, {}, &kv, residuals);
     // The group's last unit of its last step: its caches are not needed any more.
     if (step == setup_.steps - 1 && u.patch == static_cast<int32_t>(setup_.patches) - 1) kv.clear();
   }
@@ -410,7 +418,7 @@ class Worker {
     const int64_t m = setup_.groups[gi].count;
     flux::TransformerInputs t;
     t.latents = u.patch < 0 ? in.latents : in.latents.narrow(1, u.image.first, u.image.count).contiguous();
-    if (in.reference.defined()) t.latents = at::cat({t.latents, in.reference}, 1);
+    if (u.reference > 0) t.latents = at::cat({t.latents, in.reference}, 1);
     if (in.features.defined())
       t.latents = at::cat({t.latents, u.patch < 0 ? in.features : in.features.narrow(1, u.image.first, u.image.count)}, 2);
     t.text = pass == 0 ? in.text : in.neg_text;
@@ -461,6 +469,7 @@ class Worker {
   parallel::Messenger* messenger_;
   flux::RopeTables rope_;
   std::vector<Unit> patch_units_;                             // the M patches of a pipelined step
+  std::vector<flux::RopeTables> patch_rope_;                  // and the RoPE rows of each
   std::vector<std::vector<std::vector<flux::KvCache>>> kv_;  // [group][pass][block held]
   std::vector<at::Tensor> step_v_;                            // rank 0, per group: v of the pipelined step being finished
   std::vector<std::vector<int64_t>> samples_of_rank_;         // ControlNets: the samples each rank's blocks add

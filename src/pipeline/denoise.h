@@ -30,8 +30,10 @@
 /// patch p of step k is back. In each attention layer patch p attends to the whole sequence: the
 /// keys/values of patches < p from this step, of patches > p from the previous one (still in the
 /// cache), its own fresh ones (written before it attends). The text tokens travel with patch 0,
-/// so every image patch sees this step's text keys/values. Which keys/values are fresh depends on
-/// the patch order alone, never on P, the partition or the timing.
+/// and so do reference tokens (Kontext's, FLUX.2's multi-reference: they follow the image tokens in
+/// the sequence, flux::KvCache::tail), so every image patch sees this step's text and reference
+/// keys/values. Which keys/values are fresh depends on the patch order alone, never on P, the
+/// partition or the timing.
 
 #include <ATen/ATen.h>
 
@@ -80,14 +82,22 @@ struct ControlRouting {
   std::vector<int64_t> samples_of(int64_t first, int64_t last) const;
 };
 
+/// The size of a VAE latent (twice its token grid).
+struct LatentSize {
+  int64_t height = 0, width = 0;
+  int64_t tokens() const { return (height / 2) * (width / 2); }
+  bool operator==(const LatentSize& o) const { return height == o.height && width == o.width; }
+};
+
 /// What every rank knows of the job: the shape of every message and the order of the work.
 struct DenoiseSetup {
   int64_t steps = 0;        ///< N
   int64_t text_tokens = 0;  ///< S
   int64_t latent_height = 0, latent_width = 0;
-  /// Kontext: the reference image's latent size; its tokens follow the image tokens in every call
-  /// (0: none). Only exact steps (no patches).
-  int64_t reference_height = 0, reference_width = 0;
+  /// Reference images (Kontext's one, FLUX.2's multi-reference): each one's latent size, in order.
+  /// Their tokens follow the image tokens in every call, with the ids the model gives them
+  /// (flux::StageModel::reference_position_ids); in a pipelined step they travel with patch 0.
+  std::vector<LatentSize> references;
   int passes = 1;           ///< 2 with true CFG (conditional, then negative prompt)
   int64_t patches = 1;       ///< M: patches per pipelined step; 1 = every step exact
   int64_t warmup_steps = 1;  ///< W >= 1: exact steps at the start of each group's run
@@ -100,7 +110,11 @@ struct DenoiseSetup {
   ControlRouting control;  ///< ControlNet residuals (none by default)
 
   int64_t image_tokens() const { return (latent_height / 2) * (latent_width / 2); }
-  int64_t reference_tokens() const { return (reference_height / 2) * (reference_width / 2); }
+  int64_t reference_tokens() const {
+    int64_t n = 0;
+    for (const LatentSize& r : references) n += r.tokens();
+    return n;
+  }
   /// Whether `step` of `group` runs exact (the whole sequence at once): always with one patch,
   /// else during the group's first W steps from its start step (a resumed group warms up again).
   bool exact_step(const WorkGroup& group, int64_t step) const {
@@ -118,7 +132,8 @@ struct GroupInputs {
   /// Fill and Control: [m, L, E] features appended to the latents' on every call (the transformer's
   /// input is [m, L, 4C + E]); undefined otherwise.
   at::Tensor features;
-  /// Kontext: [m, Li, 4C] reference tokens appended to the latents' tokens; undefined otherwise.
+  /// Kontext, FLUX.2 multi-reference: [m, R, 4C] reference tokens appended to the latents' tokens
+  /// (every reference's, in order); undefined otherwise.
   at::Tensor reference;
   /// ControlNets: [m, K, L, 4C] the control latents of the K runs, or [m, K, 3, H, W] their pixels
   /// (XLabs layout); the group's ResidualSource takes them before the loop (undefined then).

@@ -13,7 +13,8 @@
 ///    the run ends. The validation steps app/prepare.cpp calls in order, stage 1 (prompts and input
 ///    images), and how an image's text and conditioning are stored in the checkpoint.
 ///
-/// Conditioning modes (img2img, inpaint, Fill, Control, Kontext today) enter at the edges of the step
+/// Conditioning modes (img2img, inpaint, Fill, Control, Kontext, FLUX.2's multi-reference editing
+/// today) enter at the edges of the step
 /// loop through these calls, never inside the app's flow:
 ///  - their options and input files: FamilyRoot::resolve / check_job (into PreparedRun::inputs);
 ///  - their encoders on rank 0: FamilyRoot::encode_images (one EncodedImage per image: a Conditioning,
@@ -22,8 +23,9 @@
 ///  - their tensors in the checkpoint, under the image's group: write_conditioning and
 ///    stored_conditioning (as latents/image is today);
 ///  - the transformer's inputs and extra tokens: pipeline::GroupInputs and flux::TransformerInputs
-///    (pipeline/denoise.h), with the run plan's sizes (RunPlan::text_tokens, reference_*) set by
-///    FamilyRoot::complete_plan;
+///    (pipeline/denoise.h), with the run plan's sizes (RunPlan::text_tokens, references) set by
+///    FamilyRoot::complete_plan, and the extra tokens' position ids from the model
+///    (flux::StageModel::reference_position_ids);
 ///  - what runs inside a rank's blocks: Family::load_part builds the rank's flux::StageModel, the
 ///    one place a family or a mode changes what a slice computes (per-block residuals included).
 
@@ -73,6 +75,7 @@ struct EncodedImage {
   Conditioning conditioning;
   io::Image8 image, mask, control;  ///< as decoded; the mask as stored (grey)
   std::vector<io::Image8> controlnet_images;  ///< ControlNets: each run's control image, as decoded
+  std::vector<io::Image8> references;  ///< FLUX.2 multi-reference: each reference image, as decoded
 };
 
 /// What FamilyRoot::encode_prompts did, for the log line the flow prints.

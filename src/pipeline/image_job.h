@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fluxmpi::pipeline {
 
@@ -16,6 +17,9 @@ struct ImageJob {
   std::string output_path;      ///< PNG file of this image
   /// Image inputs (absolute paths; empty: none): a JSON Lines entry's, else the command line's.
   std::string image, mask, control_image;
+  /// Every --image (or the JSON Lines entry's list): a FLUX.2 model's reference images; `image` is
+  /// the first.
+  std::vector<std::string> images;
   std::optional<double> strength;  ///< a JSON Lines entry's --strength, when it gives one
   int64_t line = 0;                ///< the prompts file's line (JSON Lines), 0 otherwise
 };

@@ -12,6 +12,7 @@ constexpr std::pair<PipelineMode, const char*> kModeNames[] = {
     {PipelineMode::Text2Img, "text2img"}, {PipelineMode::Img2Img, "img2img"}, {PipelineMode::Inpaint, "inpaint"},
     {PipelineMode::Fill, "fill"},         {PipelineMode::Control, "control"}, {PipelineMode::Kontext, "kontext"},
     {PipelineMode::ControlNet, "controlnet"},
+    {PipelineMode::Multiref, "multiref"},
 };
 
 // A diffusers class name or a --pipeline name: the model kind it needs and, for the img2img and

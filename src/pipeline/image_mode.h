@@ -9,6 +9,8 @@
 ///   control   FluxControlPipeline                --control-image on a Canny/Depth model (in_channels 128)
 ///   kontext   FluxKontextPipeline                [--image] on a Kontext model (shapes of FLUX.1-dev)
 ///   controlnet FluxControlNetPipeline            --controlnet DIR and --control-image on a FLUX.1 model
+///   multiref  Flux2Pipeline, Flux2KleinPipeline  --image (repeatable) on a FLUX.2 model (docs/flux2.md;
+///             pipeline/flux2/multiref.h: not resolved here)
 ///
 /// The model's kind comes from model_index.json's _class_name, else from the transformer's
 /// in_channels, else from --pipeline (a Kontext single file has FLUX.1-dev's shapes).
@@ -21,10 +23,10 @@
 
 namespace fluxmpi::pipeline {
 
-enum class PipelineMode { Text2Img, Img2Img, Inpaint, Fill, Control, Kontext, ControlNet };
+enum class PipelineMode { Text2Img, Img2Img, Inpaint, Fill, Control, Kontext, ControlNet, Multiref };
 
 /// The checkpoint's `pipeline` attribute: "text2img", "img2img", "inpaint", "fill", "control", "kontext",
-/// "controlnet".
+/// "controlnet", "multiref".
 const char* mode_name(PipelineMode mode);
 /// The inverse of mode_name; nullopt for another text.
 std::optional<PipelineMode> parse_mode_name(const std::string& name);

@@ -13,6 +13,7 @@ bool JobInputs::encodes() const {
   switch (mode) {
     case PipelineMode::Text2Img: return false;
     case PipelineMode::Kontext: return condition.height > 0;
+    case PipelineMode::Multiref: return !references.empty();
     default: return true;
   }
 }
@@ -51,7 +52,7 @@ void check_unchanged_inputs(const ckpt::CheckpointReader& r, const JobInputs& in
     } inputs[] = {{"image", "inputs/image", s.image.path, shape.image_h > 0, false},
                   {"mask", "inputs/mask", s.mask.path, shape.mask_h > 0, true},
                   {"control image", "inputs/control_image", s.control.path, shape.control_h > 0, false}};
-    auto check = [&](const char* what, const std::string& dataset, const std::string& path, bool grey) {
+    auto compare = [&](const std::string& what, const std::string& dataset, const std::string& path, bool grey) {
       const io::Image8& now = pixels(path, grey);
       at::Tensor t = r.dataset(i, dataset).contiguous();
       const bool same = static_cast<size_t>(t.numel()) == now.pixels.size() &&
@@ -64,11 +65,14 @@ void check_unchanged_inputs(const ckpt::CheckpointReader& r, const JobInputs& in
     for (const auto& input : inputs) {
       // An input given to one side only is a difference check_matches names.
       if (!input.stored || input.path.empty()) continue;
-      check(input.what, input.dataset, input.path, input.grey);
+      compare(input.what, input.dataset, input.path, input.grey);
     }
     // ControlNets: every run's control image (the same for every image of the job).
     for (size_t k = 0; k < shape.controlnet_inputs.size() && k < in.controlnet_images.size(); ++k)
-      check("control image", str_cat("inputs/controlnet_image_", k), in.controlnet_images[k].path, false);
+      compare("control image", str_cat("inputs/controlnet_image_", k), in.controlnet_images[k].path, false);
+    // FLUX.2 multi-reference: every reference image.
+    for (size_t k = 0; k < shape.reference_inputs.size() && k < s.references.size(); ++k)
+      compare(str_cat("reference image ", k), str_cat("inputs/image_", k), s.references[k].input.path, false);
   }
 }
 

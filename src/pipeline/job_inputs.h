@@ -18,6 +18,8 @@ namespace fluxmpi::pipeline {
 /// The inputs of one image of the job.
 struct ImageSources {
   ckpt::ImageAttributes::Input image, mask, control;  ///< paths and decoded sizes (path empty: none)
+  /// FLUX.2 multi-reference: every reference image (path, decoded size, encoded size), in order.
+  std::vector<ckpt::ImageAttributes::Reference> references;
   double strength = 1.0;  ///< the effective strength (1 where the mode has none)
   int64_t t_start = 0;    ///< steps of the full schedule skipped
   std::string where;      ///< "--image" or "prompts file 'p.jsonl': line 3", for messages
@@ -32,6 +34,8 @@ struct JobInputs {
   /// nets read its pixels (XLabs layout) rather than its VAE latents.
   std::vector<ckpt::ImageAttributes::Input> controlnet_images;
   bool controlnet_pixels = false;
+  /// FLUX.2 multi-reference: the size each reference is encoded at (the same for every image).
+  std::vector<pipeline::PixelSize> references;
 
   /// Whether the job runs the VAE encoder (text2img and Kontext without an image do not).
   bool encodes() const;

@@ -57,10 +57,4 @@ at::Tensor kontext_reference(const io::Image8& image, PixelSize size, const vae:
   return flux::pack_latents(encoder->normalize(dist.mode()).to(at::kCPU)).to(dtype);
 }
 
-at::Tensor reference_position_ids(int64_t latent_height, int64_t latent_width) {
-  at::Tensor ids = flux::image_position_ids(latent_height, latent_width).clone();
-  ids.select(1, 0).fill_(1);
-  return ids;
-}
-
 }  // namespace fluxmpi::pipeline

@@ -2,7 +2,8 @@
 /// FluxKontextPipeline's sizes and reference tokens (diffusers 0.40, docs/images.md "Kontext"):
 /// the output size comes from --max-area and the requested aspect; the reference image is encoded
 /// at a preferred Kontext resolution (or its own size floored) with the VAE's mode (no draw); its
-/// tokens follow the output tokens in the sequence, with position ids (1, row, col).
+/// tokens follow the output tokens in the sequence, with position ids (1, row, col)
+/// (flux::reference_position_ids).
 
 #include <ATen/ATen.h>
 
@@ -31,8 +32,5 @@ PixelSize kontext_condition_size(int64_t image_height, int64_t image_width, bool
 /// differs), encoded, (mode - shift) * scale, packed.
 at::Tensor kontext_reference(const io::Image8& image, PixelSize size, const vae::VaeEncoder& encoder,
                              at::ScalarType dtype, const vae::EncodeOptions& options);
-
-/// [(h/2)(w/2), 3] rows (1, row, col) for a reference of latent size h x w, float32.
-at::Tensor reference_position_ids(int64_t latent_height, int64_t latent_width);
 
 }  // namespace fluxmpi::pipeline

@@ -28,6 +28,8 @@ inline constexpr int64_t kDefaultImageSize = 1024;
 /// The image inputs of one line of a JSON Lines prompts file (docs/cli.md, "JSON Lines"): absolute
 /// paths, empty where the line names none (the command line's then apply).
 struct PromptInputs {
+  /// "image": one path, or (FLUX.2 reference images) a list; `image` is the first.
+  std::vector<std::string> images;
   std::string image, mask, control_image;
   std::optional<double> strength;
   int64_t line = 0;  ///< 1-based line of the prompts file
@@ -66,7 +68,9 @@ struct RunConfig {
   /// FLUX.2: --text-encoder-layers (diffusers' text_encoder_out_layers); empty: the model's default.
   std::vector<int64_t> text_encoder_layers;
 
-  // Image inputs (docs/images.md): absolute paths, empty when not given.
+  // Image inputs (docs/images.md): absolute paths, empty when not given. --image is repeatable: a
+  // FLUX.2 model's reference images (docs/flux2.md); `image` is the first of `images`.
+  std::vector<std::string> images;
   std::string image, mask, control_image;
   std::optional<double> strength;  ///< --strength in (0, 1]; resolved per mode (0.6 img2img/inpaint, 1 Fill)
   std::string pipeline;            ///< --pipeline NAME, empty when not given

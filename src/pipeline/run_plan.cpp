@@ -20,7 +20,8 @@ std::string to_json(const RunPlan& p) {
   j["steps"] = p.steps;
   j["text_tokens"] = p.text_tokens;
   j["latent"] = {p.latent_height, p.latent_width};
-  j["reference"] = {p.reference_height, p.reference_width};
+  j["references"] = nlohmann::json::array();
+  for (const LatentSize& r : p.references) j["references"].push_back({r.height, r.width});
   j["passes"] = p.passes;
   j["family"] = p.family;
   j["guidance"] = p.guidance ? nlohmann::json(*p.guidance) : nlohmann::json();
@@ -67,8 +68,7 @@ RunPlan run_plan_from_json(const std::string& text) {
     p.text_tokens = j.at("text_tokens").get<int64_t>();
     p.latent_height = j.at("latent").at(0).get<int64_t>();
     p.latent_width = j.at("latent").at(1).get<int64_t>();
-    p.reference_height = j.at("reference").at(0).get<int64_t>();
-    p.reference_width = j.at("reference").at(1).get<int64_t>();
+    for (const auto& r : j.at("references")) p.references.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
     p.passes = j.at("passes").get<int>();
     p.family = j.at("family").get<std::string>();
     if (!j.at("guidance").is_null()) p.guidance = j.at("guidance").get<double>();

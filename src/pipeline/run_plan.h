@@ -27,7 +27,8 @@ struct RunPlan {
   int64_t steps = 0;
   int64_t text_tokens = 0;
   int64_t latent_height = 0, latent_width = 0;
-  int64_t reference_height = 0, reference_width = 0;  ///< Kontext: the reference image's latent size (0: none)
+  /// Reference images (Kontext's one, FLUX.2's multi-reference): each one's latent size, in order.
+  std::vector<LatentSize> references;
   int passes = 1;
   std::string family = "flux1";  ///< "flux1" | "flux2": which model family's stages the ranks run
   /// FLUX.2 only: the guidance embedder's scale (dev; absent for klein), the text encoder's layers.

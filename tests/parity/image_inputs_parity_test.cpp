@@ -197,7 +197,7 @@ TEST_P(KontextParity, SizesIdsAndReferenceMatchDiffusers) {
   EXPECT_EQ(cond.height, resized[0].get<int64_t>()) << c.name;
   EXPECT_EQ(cond.width, resized[1].get<int64_t>()) << c.name;
   const int64_t f = dir.vae_config().scale_factor();
-  expect_identical(c.name + " image_ids", reference_position_ids(cond.height / f, cond.width / f), ref.get("image_ids"));
+  expect_identical(c.name + " image_ids", flux::reference_position_ids(cond.height / f, cond.width / f), ref.get("image_ids"));
   const at::Tensor tokens = kontext_reference(image, cond, encoder_of(dir), at::kFloat, {});
   // kontext_a's reference is a 832x1248 encode made on diffusers' channels-last input, where torch's
   // CPU GroupNorm sums in float32: it is 2.6e-3 from a float64 encode, ours (NCHW) 1.9e-6, so that

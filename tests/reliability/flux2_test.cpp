@@ -71,11 +71,12 @@ std::vector<BadInput> rows() {
                {"--text-encoder-layers must be comma-separated layer indices >= 0 (e.g. 9,18,27), got '9,x,27'"})
           .setup(with_flux2("tiny-flux2-klein"))
           .args(with({"--text-encoder-layers", "9,x,27"})),
-      BadInput("flux2_with_image", kExitUsage, "UsageError", {"--image: FLUX.2 [klein] runs text-to-image only"})
+      BadInput("flux2_with_control_image", kExitUsage, "UsageError",
+               {"--control-image: FLUX.2 [klein] takes reference images (--image, repeatable) and no other image inputs"})
           .setup(with_flux2("tiny-flux2-klein", [](Workspace& w, const std::string&) {
             write_bytes(w.path("in.png"), read_bytes((fs::path(test::fixture_root()) / "image-inputs/inputs/photo_64x64.png").string()));
           }))
-          .args(with({"--image", "{work}/in.png"})),
+          .args(with({"--control-image", "{work}/in.png"})),
       BadInput("flux2_with_negative_prompt", kExitUsage, "UsageError",
                {"--negative-prompt: FLUX.2 [klein] base takes --guidance as diffusers' guidance_scale"})
           .setup(with_flux2("tiny-flux2-klein-base"))

@@ -21,7 +21,7 @@ namespace fluxmpi::test {
 struct SubtreeCase {
   std::string name;       ///< "<pipeline>/<case>"; empty: no manifest (or no case of the kind)
   std::string kind;
-  std::string file;       ///< absolute path of the tensors
+  std::string file;       ///< absolute path of the tensors (empty: a case without a tensor file)
   std::string model_dir;  ///< the pipeline folder
   nlohmann::json json;
   std::string subtree;    ///< the subtree folder (absolute)
@@ -70,7 +70,7 @@ inline std::vector<SubtreeCase> subtree_cases_in(const std::string& root_dir,
         const std::string kind = c.at("kind").get<std::string>();
         if (!keep(kind)) continue;
         out.push_back({pipeline + "/" + c.at("name").get<std::string>(), kind,
-                       (root / c.at("file").get<std::string>()).string(),
+                       c.contains("file") ? (root / c.at("file").get<std::string>()).string() : std::string(),
                        fs::weakly_canonical(root / p.at("path").get<std::string>()).string(), c,
                        fs::weakly_canonical(root).string()});
       }

@@ -28,16 +28,6 @@ Job inpaint_job() {
   return job;
 }
 
-const DatasetSpec* find(const std::vector<DatasetSpec>& specs, const std::string& name) {
-  for (const DatasetSpec& s : specs)
-    if (s.name == name) return &s;
-  return nullptr;
-}
-
-ImageShape shape_of(const Job& job, int64_t i) {
-  return image_shape(stored_transformer_config(job.file.model_config, "config"), job.file, job.images[i], "img");
-}
-
 TEST(CheckpointImageInputs, EachModeAddsItsDatasets) {
   Job job = inpaint_job();
   const ImageShape s = shape_of(job, 0);
@@ -115,14 +105,7 @@ TEST(CheckpointImageInputs, AttributesAndConditionRoundTrip) {
 TEST(CheckpointImageInputs, ResumeNamesTheFieldThatDiffers) {
   const Job stored = inpaint_job();
   auto difference = [&](const std::function<void(ImageAttributes&)>& change) {
-    Job asked = inpaint_job();
-    change(asked.images[0]);
-    try {
-      check_matches("run.h5", stored.file, stored.images, asked.file, asked.images);
-    } catch (const CheckpointError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no difference");
+    return resume_difference(stored, inpaint_job(), change);
   };
   EXPECT_NE(difference([](ImageAttributes& a) { a.pipeline = "img2img"; }).find("'pipeline' is \"inpaint\""), std::string::npos);
   EXPECT_NE(difference([](ImageAttributes& a) { a.strength = 0.6; }).find("'strength' is 0.7 in the checkpoint, the command line asks for 0.6"),

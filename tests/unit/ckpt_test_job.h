@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "ckpt/checkpoint_writer.h"
+#include "ckpt/format.h"
+#include "core/error.h"
 
 namespace fluxmpi::ckpt::test {
 
@@ -60,6 +62,30 @@ inline at::Tensor pattern(std::vector<int64_t> shape, int64_t tag, int64_t image
   for (int64_t d : shape) n *= d;
   at::Tensor base = at::arange(n, at::kDouble).reshape(shape);
   return (at::sin(base * 0.37 + tag * 1.3 + image * 0.71 + step * 0.11) * (1.0 + step)).to(at::kFloat);
+}
+
+/// The dataset spec named `name`, or nullptr.
+inline const DatasetSpec* find(const std::vector<DatasetSpec>& specs, const std::string& name) {
+  for (const DatasetSpec& s : specs)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+/// Image i's shape as the checkpoint derives it from the job's attributes.
+inline ImageShape shape_of(const Job& job, int64_t i) {
+  return image_shape(stored_transformer_config(job.file.model_config, "config"), job.file, job.images[i], "img");
+}
+
+/// What check_matches says of `asked` (image 0 changed by `change`) against `stored`: its message,
+/// or "no difference".
+inline std::string resume_difference(const Job& stored, Job asked, const std::function<void(ImageAttributes&)>& change) {
+  change(asked.images[0]);
+  try {
+    check_matches("run.h5", stored.file, stored.images, asked.file, asked.images);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "no difference";
 }
 
 inline TextEmbeddings text_of(const ImageShape& s, int64_t image) {

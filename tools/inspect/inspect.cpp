@@ -83,6 +83,11 @@ void print_summary(const ckpt::CheckpointReader& r, std::optional<int64_t> only,
                             {"mask", &a.mask},
                             {"control image", &a.control_image}})
       if (!in->path.empty()) out << ", " << what << " " << in->path << " (" << in->width << "x" << in->height << ")";
+    for (size_t k = 0; k < a.references.size(); ++k) {
+      const ckpt::ImageAttributes::Reference& ref = a.references[k];
+      out << ", reference " << k << " " << ref.input.path << " (" << ref.input.width << "x" << ref.input.height
+          << ", encoded at " << ref.width << "x" << ref.height << ")";
+    }
     if (a.pipeline == "img2img" || a.pipeline == "inpaint" || a.pipeline == "fill")
       out << ", strength " << a.strength << " (steps " << a.t_start << "-" << a.num_inference_steps - 1 << " of "
           << a.num_inference_steps << ")";

@@ -1,6 +1,8 @@
 #include "models/flux/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/common/attention.h"
@@ -56,6 +58,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const 
   return {q, k, v.view({B, N, heads, head_dim})};
 }
 
+namespace {
+
+// A call of N tokens fits the cache: its rows [offset, offset + N - tail) before the sequence's
+// last `tail` rows.
+void check_window(const KvCache& kv, int64_t N) {
+  const int64_t Ntot = kv.k.size(1);
+  FLUX_CHECK(kv.tail >= 0 && kv.tail <= N && kv.offset >= 0 && kv.offset + (N - kv.tail) <= Ntot - kv.tail,
+             "KV cache window [", kv.offset, ", ", kv.offset + N - kv.tail, ") + the last ", kv.tail, " rows outside its ",
+             Ntot, " rows");
+}
+
+}  // namespace
+
 at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RopeTables& rope,
                           KvCache* kv) {
   // q, k, v: [B, N, H, Dh]
@@ -64,11 +79,15 @@ at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   at::Tensor kr = apply_rope(k, rope);
   at::Tensor vr = v;
   if (kv != nullptr) {
-    FLUX_CHECK(kv->offset >= 0 && kv->offset + N <= kv->k.size(1), "KV cache window [", kv->offset, ", ", kv->offset + N,
-               ") outside its ", kv->k.size(1), " rows");
+    check_window(*kv, N);
     // This call's own rows first: the window attends to its fresh keys, never to stale ones.
-    kv->k.narrow(1, kv->offset, N).copy_(kr);
-    kv->v.narrow(1, kv->offset, N).copy_(v);
+    const int64_t head = N - kv->tail, Ntot = kv->k.size(1);
+    kv->k.narrow(1, kv->offset, head).copy_(kr.narrow(1, 0, head));
+    kv->v.narrow(1, kv->offset, head).copy_(v.narrow(1, 0, head));
+    if (kv->tail > 0) {
+      kv->k.narrow(1, Ntot - kv->tail, kv->tail).copy_(kr.narrow(1, head, kv->tail));
+      kv->v.narrow(1, Ntot - kv->tail, kv->tail).copy_(v.narrow(1, head, kv->tail));
+    }
     // A window attends to the whole sequence; the whole sequence (an exact step filling the
     // cache) attends to its own tensors, exactly as without a cache.
     if (N < kv->k.size(1)) {
@@ -90,15 +109,16 @@ namespace {
 struct JointQkv {
   at::Tensor q, k, v;
   int64_t offset = 0;
+  int64_t head = 0;      // the call's rows before its tail (KvCache::tail)
+  int64_t tail_row = 0;  // where the tail goes in the sequence
   JointQkv(int64_t B, int64_t H, int64_t N, int64_t Dh, const at::TensorOptions& o, KvCache* kv)
-      : q(at::empty({B, H, N, Dh}, o)) {
+      : q(at::empty({B, H, N, Dh}, o)), head(N), tail_row(N) {
     if (kv == nullptr) {
       k = at::empty({B, N, H, Dh}, o);
       v = at::empty({B, N, H, Dh}, o);
       return;
     }
-    FLUX_CHECK(kv->offset >= 0 && kv->offset + N <= kv->k.size(1), "KV cache window [", kv->offset, ", ", kv->offset + N,
-               ") outside its ", kv->k.size(1), " rows");
+    check_window(*kv, N);
     nn::check_shape(kv->k, {B, -1, H, Dh}, "KV cache k [B, Ntot, H, Dh]");
     FLUX_CHECK(kv->k.is_contiguous() && kv->v.sizes() == kv->k.sizes() && kv->v.is_contiguous() &&
                    kv->k.scalar_type() == q.scalar_type() && kv->v.scalar_type() == q.scalar_type(),
@@ -106,15 +126,24 @@ struct JointQkv {
     k = kv->k;
     v = kv->v;
     offset = kv->offset;
+    head = N - kv->tail;
+    tail_row = kv->k.size(1) - kv->tail;
   }
   // This call's rows row0 .. row0 + n of one stream: qs, ks, vs [B, n, H, Dh] (slices of a
-  // projection), normalised with nq / nk, rotated with the rope tables' rows row0 ...
+  // projection), normalised with nq / nk, rotated with the rope tables' rows row0 ...; keys and
+  // values land in their sequence rows (the call's rows from `head` on in the cache's last rows).
   void add(const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs, const nn::RMSNorm& nq,
            const nn::RMSNorm& nk, const RopeTables& rope, int64_t row0) {
     const int64_t n = qs.size(1);
     fused::rms_norm_rope_into(qs, nq->weight, nq->eps, rope, row0, q.narrow(2, row0, n));
-    fused::rms_norm_rope_into(ks, nk->weight, nk->eps, rope, row0, k.narrow(1, offset + row0, n).transpose(1, 2));
-    v.narrow(1, offset + row0, n).copy_(vs);
+    const int64_t split = std::clamp(head - row0, int64_t{0}, n);
+    for (auto [first, count, seq] : {std::tuple<int64_t, int64_t, int64_t>{0, split, offset + row0},
+                                     {split, n - split, tail_row + row0 + split - head}}) {
+      if (count == 0) continue;
+      fused::rms_norm_rope_into(ks.narrow(1, first, count), nk->weight, nk->eps, rope, row0 + first,
+                                k.narrow(1, seq, count).transpose(1, 2));
+      v.narrow(1, seq, count).copy_(vs.narrow(1, first, count));
+    }
   }
   // The attention of this call's queries over every row of k, v into out [B, N, H*Dh] (any row
   // stride, unit last stride).

@@ -28,11 +28,15 @@ namespace fluxmpi::flux {
 /// (patch pipelining, pipeline/denoise.h). A call on the `n` tokens at positions
 /// [offset, offset + n) of the sequence first writes their rotated keys and their values into
 /// those rows, then attends to all rows: rows before them hold what earlier calls wrote (this
-/// step's patches), rows after them what the previous step left.
+/// step's patches), rows after them what the previous step left. With `tail` > 0 the call's last
+/// `tail` tokens are the sequence's last `tail` rows instead (reference tokens, which follow the
+/// image tokens, travelling with the first patch): its tokens are the rows [offset, offset + n -
+/// tail) and [N - tail, N).
 struct KvCache {
   at::Tensor k;        ///< [B, N, H, Dh], RoPE applied
   at::Tensor v;        ///< [B, N, H, Dh]
   int64_t offset = 0;  ///< position of the current call's first token in the sequence
+  int64_t tail = 0;    ///< the current call's last tokens that are the sequence's last rows
   /// The block's modulation vectors (AdaNorm::chunks; a double block has two AdaNorms).
   ModulationCache modulation[2];
 };

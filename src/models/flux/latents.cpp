@@ -37,6 +37,12 @@ at::Tensor image_position_ids(int64_t h, int64_t w) {
   return ids.reshape({rows * cols, 3});
 }
 
+at::Tensor reference_position_ids(int64_t latent_height, int64_t latent_width) {
+  at::Tensor ids = image_position_ids(latent_height, latent_width);
+  ids.select(1, 0).fill_(1);
+  return ids;
+}
+
 at::Tensor text_position_ids(int64_t sequence_length) { return at::zeros({sequence_length, 3}, at::kFloat); }
 
 }  // namespace fluxmpi::flux

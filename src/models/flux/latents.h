@@ -34,6 +34,8 @@ at::Tensor unpack_latents(const at::Tensor& packed, int64_t latent_height, int64
 
 /// [(h/2)(w/2), 3] rows (0, row, col), row-major, float32.
 at::Tensor image_position_ids(int64_t latent_height, int64_t latent_width);
+/// FluxKontextPipeline's reference image: image_position_ids with the first axis 1, float32.
+at::Tensor reference_position_ids(int64_t latent_height, int64_t latent_width);
 /// zeros [S, 3] float32 (the pipeline's text ids).
 at::Tensor text_position_ids(int64_t sequence_length);
 

@@ -57,6 +57,10 @@ class StageModel {
   /// Position ids of the text tokens [S, n_axes] and of an h x w latent's image tokens [L, n_axes].
   virtual at::Tensor text_position_ids(int64_t text_tokens) const = 0;
   virtual at::Tensor image_position_ids(int64_t latent_height, int64_t latent_width) const = 0;
+  /// Position ids of reference image `index` (0-based; an h x w latent) whose tokens follow the image
+  /// tokens in the sequence [L_ref, n_axes]: Kontext's one reference (1, row, col), FLUX.2's references
+  /// (10 + 10 index, row, col, 0).
+  virtual at::Tensor reference_position_ids(int64_t index, int64_t latent_height, int64_t latent_width) const = 0;
   /// The RoPE tables of the joint sequence cat(txt_ids, img_ids).
   virtual RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const = 0;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first

@@ -78,6 +78,11 @@ at::Tensor FluxTransformerImpl::image_position_ids(int64_t latent_height, int64_
   return flux::image_position_ids(latent_height, latent_width);
 }
 
+at::Tensor FluxTransformerImpl::reference_position_ids(int64_t index, int64_t latent_height, int64_t latent_width) const {
+  FLUX_CHECK(index == 0, "FLUX.1 (Kontext) takes one reference image, not reference ", index);
+  return flux::reference_position_ids(latent_height, latent_width);
+}
+
 RopeTables FluxTransformerImpl::rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const {
   return rope_tables(at::cat({txt_ids, img_ids}, 0), config_.axes_dims_rope);
 }

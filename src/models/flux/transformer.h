@@ -42,6 +42,8 @@ class FluxTransformerImpl : public torch::nn::Module, public StageModel {
   /// zeros [S, 3], and (0, row, col) rows (flux/latents.h).
   at::Tensor text_position_ids(int64_t text_tokens) const override;
   at::Tensor image_position_ids(int64_t latent_height, int64_t latent_width) const override;
+  /// Kontext's reference (index 0 only): rows (1, row, col).
+  at::Tensor reference_position_ids(int64_t index, int64_t latent_height, int64_t latent_width) const override;
   /// The RoPE tables of the joint sequence cat(txt_ids, img_ids) ([S, 3], [L, 3]).
   RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const override;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first

@@ -74,13 +74,34 @@ at::Tensor unpatchify_latents(const at::Tensor& x) {
   return x.reshape({n, c, 2, 2, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({n, c, 2 * h, 2 * w});
 }
 
-at::Tensor latent_ids(const LatentGeometry& g) {
-  const int64_t rows = g.latent_height / 2, cols = g.latent_width / 2;
+at::Tensor patchify_latents(const at::Tensor& x) {
+  // x: [n, c, h, w] -> [n, 4c, h/2, w/2]
+  FLUX_CHECK(x.dim() == 4 && x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
+             "patchify_latents: expected [n, c, h, w] with even h and w, got ", x.sizes());
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2) / 2, w = x.size(3) / 2;
+  return x.reshape({n, c, h, 2, w, 2}).permute({0, 1, 3, 5, 2, 4}).reshape({n, 4 * c, h, w}).contiguous();
+}
+
+namespace {
+
+// (t, row, col, 0) over a rows x cols grid, row-major.
+at::Tensor grid_ids(int64_t t, int64_t rows, int64_t cols) {
   at::Tensor ids = at::zeros({rows * cols, 4}, at::kLong);
   const at::Tensor token = at::arange(rows * cols, at::kLong);
+  ids.select(1, 0).fill_(t);
   ids.select(1, 1).copy_(at::floor_divide(token, cols));
   ids.select(1, 2).copy_(at::remainder(token, cols));
   return ids;
+}
+
+}  // namespace
+
+at::Tensor latent_ids(const LatentGeometry& g) { return grid_ids(0, g.latent_height / 2, g.latent_width / 2); }
+
+at::Tensor reference_ids(int64_t index, int64_t rows, int64_t cols) {
+  FLUX_CHECK(index >= 0 && rows >= 1 && cols >= 1, "reference_ids: reference ", index, " of ", rows, "x", cols, " tokens");
+  constexpr int64_t kScale = 10;  // _prepare_image_ids(scale=10): t = scale + scale * index
+  return grid_ids(kScale + kScale * index, rows, cols);
 }
 
 at::Tensor text_ids(int64_t sequence_length) {

@@ -38,10 +38,17 @@ at::Tensor unpack_latents_with_ids(const at::Tensor& packed, const at::Tensor& i
 /// patchified [n, 4c, h2, w2] -> VAE latents [n, c, 2*h2, 2*w2]; channel c*4 + dy*2 + dx goes to
 /// pixel (2*y + dy, 2*x + dx) of channel c.
 at::Tensor unpatchify_latents(const at::Tensor& patchified);
+/// VAE latents [n, c, h, w] (h, w even) -> patchified [n, 4c, h/2, w/2] (the inverse of
+/// unpatchify_latents; diffusers' _patchify_latents), contiguous.
+at::Tensor patchify_latents(const at::Tensor& latents);
 
 /// [L, 4] int64 rows (t = 0, row, col, l = 0), row-major over the (h/2, w/2) token grid.
 at::Tensor latent_ids(const LatentGeometry& geometry);
 /// [S, 4] int64 rows (0, 0, 0, l = token index).
 at::Tensor text_ids(int64_t sequence_length);
+/// Reference image `index` (0-based) of a multi-reference call, of an (rows x cols) token grid:
+/// [rows * cols, 4] int64 rows (t = 10 + 10 * index, row, col, 0), row-major (diffusers'
+/// _prepare_image_ids with its scale 10: each reference sits at its own time offset).
+at::Tensor reference_ids(int64_t index, int64_t rows, int64_t cols);
 
 }  // namespace fluxmpi::flux2

@@ -6,6 +6,7 @@
 #include "io/tensor_store.h"
 #include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
+#include "models/flux2/latents.h"
 
 namespace fluxmpi::flux2 {
 
@@ -90,6 +91,13 @@ at::Tensor Flux2TransformerImpl::image_position_ids(int64_t latent_height, int64
   ids.select(1, 1).copy_(rc.div(w, "floor"));
   ids.select(1, 2).copy_(rc.remainder(w));
   return ids;
+}
+
+at::Tensor Flux2TransformerImpl::reference_position_ids(int64_t index, int64_t latent_height,
+                                                        int64_t latent_width) const {
+  FLUX_CHECK(latent_height % 2 == 0 && latent_width % 2 == 0, "reference latent size ", latent_height, "x", latent_width,
+             " is not a whole number of 2x2 patches");
+  return reference_ids(index, latent_height / 2, latent_width / 2);
 }
 
 flux::RopeTables Flux2TransformerImpl::rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const {

@@ -16,8 +16,8 @@
 /// the step loop sends them with the streams). temb travels as well: norm_out needs it. A part
 /// without the embedders neither builds nor loads the modulation linears.
 ///
-/// Position ids have 4 axes (T, H, W, L): text tokens (0, 0, 0, l), image tokens (0, row, col, 0)
-/// (int64). RoPE is FLUX.1's (flux::rope_tables / apply_rope) with the config's axes and theta.
+/// Position ids have 4 axes (T, H, W, L): text tokens (0, 0, 0, l), image tokens (0, row, col, 0),
+/// reference image k's tokens (10 + 10 k, row, col, 0) (int64). RoPE is FLUX.1's (flux::rope_tables / apply_rope) with the config's axes and theta.
 
 #include <torch/nn/module.h>
 
@@ -53,6 +53,9 @@ class Flux2TransformerImpl : public torch::nn::Module, public flux::StageModel {
   /// [(h/2)(w/2), 4] rows (0, row, col, 0) row-major, int64, for an h x w VAE latent (as FLUX.1:
   /// h, w are twice the token grid; the step loop passes the same numbers to both families).
   at::Tensor image_position_ids(int64_t latent_height, int64_t latent_width) const override;
+  /// Reference image `index` of a multi-reference call: rows (10 + 10 index, row, col, 0), int64
+  /// (flux2::reference_ids).
+  at::Tensor reference_position_ids(int64_t index, int64_t latent_height, int64_t latent_width) const override;
   /// The RoPE tables of cat(txt_ids, img_ids) ([S, 4], [L, 4]), float32 [S+L, head_dim].
   flux::RopeTables rope(const at::Tensor& txt_ids, const at::Tensor& img_ids) const override;
   /// Runs the blocks this part holds, in order, switching to the joint stream at the first

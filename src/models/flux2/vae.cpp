@@ -36,24 +36,16 @@ nlohmann::json with_flux2_defaults(const nlohmann::json& config) {
   return out;
 }
 
-// A config switch that decides whether `tensor` exists: a disagreement names the config key.
-void check_switch(const std::string& config_label, const io::TensorStore& store, bool enabled, const char* key,
-                  const std::string& tensor) {
-  if (enabled == store.contains(tensor)) return;
-  throw ConfigError(str_cat(config_label, ": '", key, "' is ", enabled ? "true" : "false", " but the weights in '",
-                            store.dir(), "' ", enabled ? "have no" : "have", " '", tensor, "'"));
-}
-
-void check_store(const VaeConfig& config, const std::string& config_label, const io::TensorStore& store) {
+void check_store(const OpenedVae& v) {
   std::string missing;
   for (const char* key : {"bn.running_mean", "bn.running_var"})
-    if (!store.contains(key)) missing += str_cat(missing.empty() ? "" : ", ", "'", key, "'");
+    if (!v.store.contains(key)) missing += str_cat(missing.empty() ? "" : ", ", "'", key, "'");
   if (!missing.empty())
-    throw WeightError(str_cat(store.label(), ": ", missing, " not found: the latent BatchNorm statistics of an ",
+    throw WeightError(str_cat(v.store.label(), ": ", missing, " not found: the latent BatchNorm statistics of an ",
                               kClassName, " (a FLUX.1 AutoencoderKL has none)"));
-  check_switch(config_label, store, config.decoder.use_post_quant_conv, "use_post_quant_conv", "post_quant_conv.weight");
-  check_switch(config_label, store, config.decoder.mid_block_add_attention, "mid_block_add_attention",
-               "decoder.mid_block.attentions.0.to_q.weight");
+  check_vae_switch(v, v.config.decoder.use_post_quant_conv, "use_post_quant_conv", "post_quant_conv.weight");
+  check_vae_switch(v, v.config.decoder.mid_block_add_attention, "mid_block_add_attention",
+                   "decoder.mid_block.attentions.0.to_q.weight");
 }
 
 // The decoder half: the encoder never runs in text-to-image inference; bn.* is the other pass's.
@@ -63,8 +55,16 @@ nn::LoadRules decoder_rules() {
   return rules;
 }
 
+}  // namespace
+
+void check_vae_switch(const OpenedVae& v, bool enabled, const char* key, const std::string& tensor) {
+  if (enabled == v.store.contains(tensor)) return;
+  throw ConfigError(str_cat(v.config_label, ": '", key, "' is ", enabled ? "true" : "false", " but the weights in '",
+                            v.store.dir(), "' ", enabled ? "have no" : "have", " '", tensor, "'"));
+}
+
 // The BatchNorm statistics: num_batches_tracked only counts training updates.
-nn::LoadRules bn_rules() {
+nn::LoadRules latent_stats_rules() {
   nn::LoadRules rules;
   rules.prefix = "bn.";
   rules.skip_prefixes = {"bn.num_batches_tracked"};
@@ -72,21 +72,14 @@ nn::LoadRules bn_rules() {
   return rules;
 }
 
-struct Opened {
-  VaeConfig config;
-  io::TensorStore store;
-};
-
-Opened open_vae(const std::string& dir) {
+OpenedVae open_flux2_vae(const std::string& dir) {
   const std::string label = folder_label(dir);
   const std::string config_label = label + ": config.json";
   VaeConfig config = parse_flux2_vae_config(io::ConfigReader::from_file((fs::path(dir) / "config.json").string(), config_label));
-  io::TensorStore store = io::TensorStore::open_dir(dir, label);
-  check_store(config, config_label, store);
-  return {std::move(config), std::move(store)};
+  OpenedVae v{std::move(config), config_label, io::TensorStore::open_dir(dir, label)};
+  check_store(v);
+  return v;
 }
-
-}  // namespace
 
 VaeConfig parse_flux2_vae_config(const io::ConfigReader& r) {
   const std::string cls = r.string("_class_name", "");
@@ -106,7 +99,13 @@ VaeConfig parse_flux2_vae_config(const io::ConfigReader& r) {
   c.patch_size = 2;
   if (r.has("decoder_block_out_channels"))
     r.fail("decoder_block_out_channels", "is set: a decoder wider or narrower than the encoder is not supported");
+  c.use_quant_conv = r.boolean("use_quant_conv", c.use_quant_conv);
   return c;
+}
+
+vae::VaeEncoderConfig parse_flux2_vae_encoder_config(const io::ConfigReader& r) {
+  parse_flux2_vae_config(r);  // the class and the decoder side first, as every FLUX.2 path reads them
+  return vae::parse_vae_encoder_config(io::ConfigReader::from_text(with_flux2_defaults(r.json()).dump(), r.label()));
 }
 
 LatentStatsImpl::LatentStatsImpl(int64_t channels) {
@@ -119,7 +118,7 @@ Vae::Vae(const VaeConfig& config) : config_(config) {
   decoder_ = vae::VaeDecoder(config.decoder);
 }
 
-at::Tensor Vae::bn_std() const { return at::sqrt(bn_->running_var + config_.batch_norm_eps); }
+at::Tensor Vae::bn_std() const { return bn_->std(config_.batch_norm_eps); }
 
 at::Tensor Vae::denormalize(const at::Tensor& x) const {
   // x: [n, C, h2, w2]
@@ -147,19 +146,19 @@ std::vector<io::RgbImage> Vae::decode_images(const at::Tensor& packed, const at:
 }
 
 void check_vae(const std::string& vae_dir) {
-  Opened v = open_vae(vae_dir);
+  OpenedVae v = open_flux2_vae(vae_dir);
   Vae vae(v.config);
-  nn::check_module(*vae.bn(), v.store, bn_rules());
+  nn::check_module(*vae.bn(), v.store, latent_stats_rules());
   nn::check_module(*vae.decoder(), v.store, decoder_rules());
 }
 
 Vae load_vae(const std::string& vae_dir, at::ScalarType dtype, at::Device device) {
-  Opened v = open_vae(vae_dir);
+  OpenedVae v = open_flux2_vae(vae_dir);
   Vae vae(v.config);
   // Both halves are checked before either is read, so a bad decoder is reported before any I/O.
-  nn::check_module(*vae.bn(), v.store, bn_rules());
+  nn::check_module(*vae.bn(), v.store, latent_stats_rules());
   nn::check_module(*vae.decoder(), v.store, decoder_rules());
-  const nn::LoadStats bn = nn::load_module(*vae.bn(), v.store, bn_rules(), dtype, device);
+  const nn::LoadStats bn = nn::load_module(*vae.bn(), v.store, latent_stats_rules(), dtype, device);
   const nn::LoadStats dec = nn::load_module(*vae.decoder(), v.store, decoder_rules(), dtype, device);
   log::debug("FLUX.2 VAE: ", bn.tensors + dec.tensors, " tensors, ", bn.bytes + dec.bytes, " bytes in ",
              nn::dtype_label(dtype));

@@ -15,8 +15,11 @@
 #include "io/configs.h"
 #include "io/json_config.h"
 #include "io/png.h"
+#include "io/tensor_store.h"
+#include "models/common/loader.h"
 #include "models/flux2/latents.h"
 #include "models/vae/vae_decoder.h"
+#include "models/vae/vae_encoder.h"
 
 namespace fluxmpi::flux2 {
 
@@ -26,6 +29,7 @@ struct VaeConfig {
   io::VaeConfig decoder;         ///< latent_channels, block_out_channels, ... (scaling/shift factors unused)
   double batch_norm_eps = 1e-4;
   int64_t patch_size = 2;        ///< config patch_size [2, 2]; the pipeline's (un)patchify is 2x2 only
+  bool use_quant_conv = true;    ///< the encoder's 1x1 conv over the moments (AutoencoderKLFlux2's default)
 
   /// Channels of a patchified latent (= the BatchNorm's channels = transformer in_channels).
   int64_t patch_channels() const { return decoder.latent_channels * patch_size * patch_size; }
@@ -35,16 +39,35 @@ struct VaeConfig {
 /// Parses vae/config.json of an AutoencoderKLFlux2 (a ConfigError naming the file and key
 /// otherwise, e.g. for a FLUX.1 AutoencoderKL).
 VaeConfig parse_flux2_vae_config(const io::ConfigReader& reader);
+/// The encoder's config of the same file (vae::parse_vae_encoder_config with AutoencoderKLFlux2's
+/// defaults: down_block_types checked, use_quant_conv).
+vae::VaeEncoderConfig parse_flux2_vae_encoder_config(const io::ConfigReader& reader);
 
 /// The BatchNorm2d(affine=False) in front of the latents: inference reads its running statistics
 /// only. They are registered as (frozen) parameters so that the one loader takes them by name.
 class LatentStatsImpl : public torch::nn::Module {
  public:
   explicit LatentStatsImpl(int64_t channels);
+  /// sqrt(running_var + eps) [C], in the statistics' dtype (as the pipelines compute it).
+  at::Tensor std(double eps) const { return at::sqrt(running_var + eps); }
   at::Tensor running_mean;  ///< [C]
   at::Tensor running_var;   ///< [C]
 };
 TORCH_MODULE(LatentStats);
+/// How the loader takes bn.running_mean / bn.running_var (bn.num_batches_tracked skipped).
+nn::LoadRules latent_stats_rules();
+/// vae/ of an AutoencoderKLFlux2 folder: its config, checked against the weights' headers
+/// (the BatchNorm statistics present, use_post_quant_conv and mid_block_add_attention as the
+/// tensors say).
+struct OpenedVae {
+  VaeConfig config;
+  std::string config_label;  ///< "vae folder '<dir>': config.json"
+  io::TensorStore store;
+};
+OpenedVae open_flux2_vae(const std::string& vae_dir);
+/// A config switch that decides whether `tensor` exists: a disagreement is a ConfigError naming
+/// the config key.
+void check_vae_switch(const OpenedVae& vae, bool enabled, const char* key, const std::string& tensor);
 
 /// Intermediates of decode_traced(): the decoder's (vae::DecoderTrace, post_quant_conv included).
 using vae::DecoderTrace;

@@ -62,6 +62,16 @@ std::string job_text(const RunConfig& c, const io::ModelDir& dir, const flux::La
   return s;
 }
 
+// Several --image (or a JSON Lines "image" list) are a FLUX.2 model's reference images.
+void refuse_reference_lists(const RunConfig& c) {
+  const char* why = ": several reference images are for FLUX.2 models (Flux2Pipeline); a FLUX.1 model takes one image";
+  if (c.images.size() > 1) throw UsageError(str_cat("--image is given ", c.images.size(), " times", why));
+  for (const PromptInputs& e : c.prompt_inputs)
+    if (e.images.size() > 1)
+      throw UsageError(str_cat("prompts file '", c.prompts_file, "': line ", e.line, ": \"image\" lists ", e.images.size(),
+                               " images", why));
+}
+
 // World rank 0's side of a FLUX.1 run (pipeline/family.h): what validation keeps for the later steps (the LoRAs it
 // checked, rank 0's VAE encode stage, Kontext's reference tokens) and, with --keep-encoders, the
 // text encoders after stage 1.
@@ -78,6 +88,7 @@ class Flux1Root : public FamilyRoot {
     redux_ = ReduxJob::resolve(c, checkpoint);  // before the defaults: Redux's sequence length is 512
     if (redux_ && checkpoint) redux_->check_unchanged(*checkpoint);
     const io::ModelDir& dir = *run.model;
+    refuse_reference_lists(c);
     run.inputs = resolve_image_mode(c, dir);
     if (run.inputs.mode == PipelineMode::ControlNet) controlnet_ = resolve_controlnet_job(c, dir, run.inputs);
     else if (!c.control_modes.empty() || !c.controlnet_scales.empty() || !c.control_guidance_starts.empty() ||
@@ -189,8 +200,8 @@ class Flux1Root : public FamilyRoot {
 
   void complete_plan(const PreparedRun& run, RunPlan& plan) const override {
     const int64_t vae_scale = run.model->vae_config().scale_factor();
-    plan.reference_height = run.inputs.condition.height / vae_scale;
-    plan.reference_width = run.inputs.condition.width / vae_scale;
+    if (run.inputs.condition.height > 0)
+      plan.references.push_back({run.inputs.condition.height / vae_scale, run.inputs.condition.width / vae_scale});
     plan.loras = run.config.loras;
     if (redux_) plan.text_tokens += redux_->tokens();  // the images' tokens follow the prompt's
     if (controlnet_) controlnet_plan(*controlnet_, *run.config.guidance, plan);

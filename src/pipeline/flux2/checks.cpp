@@ -32,7 +32,9 @@ Flux2Shapes read_flux2_shapes(const io::ModelDir& dir) {
   Flux2Shapes s;
   s.transformer = dir.flux2_transformer_config();
   const io::ConfigReader vae = dir.read_config("vae/config.json");
-  s.vae = flux2::parse_flux2_vae_config(vae).decoder;  // refuses a FLUX.1 AutoencoderKL by its class
+  const flux2::VaeConfig v = flux2::parse_flux2_vae_config(vae);  // refuses a FLUX.1 AutoencoderKL by its class
+  s.vae = v.decoder;
+  s.vae_quant_conv = v.use_quant_conv;
   if (4 * s.vae.latent_channels != s.transformer.in_channels)
     vae.fail("latent_channels", str_cat("x 4 must equal the transformer's in_channels (", s.transformer.in_channels,
                                         ": 2x2-patchified latents), got ", s.vae.latent_channels));

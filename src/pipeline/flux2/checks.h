@@ -13,6 +13,7 @@ namespace fluxmpi::pipeline {
 struct Flux2Shapes {
   io::Flux2TransformerConfig transformer;
   io::VaeConfig vae;            ///< AutoencoderKLFlux2's decoder side (latent_channels, levels, tiles)
+  bool vae_quant_conv = true;   ///< its encoder's use_quant_conv (multi-reference editing encodes)
   io::LlmShape text_encoder;
 };
 

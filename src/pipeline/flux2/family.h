@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "io/flux2_configs.h"
 #include "pipeline/family.h"
 
 namespace fluxmpi::pipeline {
@@ -12,5 +13,7 @@ namespace fluxmpi::pipeline {
 const Family& flux2_family();
 /// World rank 0's side of one FLUX.2 run.
 std::unique_ptr<FamilyRoot> flux2_root();
+/// "FLUX.2 [dev]", "FLUX.2 [klein]", "FLUX.2 [klein] base": the model in messages.
+const char* flux2_model_name(io::Flux2Kind kind);
 
 }  // namespace fluxmpi::pipeline

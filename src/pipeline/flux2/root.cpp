@@ -5,10 +5,13 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/units.h"
 #include "models/common/attention.h"
 #include "models/common/tensor_utils.h"
 #include "parallel/text_split.h"
+#include "models/flux2/vae_encoder.h"
 #include "pipeline/flux2/checks.h"
+#include "pipeline/flux2/multiref.h"
 #include "pipeline/flux2/stages.h"
 #include "pipeline/prepared_run.h"
 
@@ -31,21 +34,13 @@ Flux2Defaults flux2_defaults(io::Flux2Kind kind) {
 // Whether a FLUX.2 run takes two transformer passes per step (klein base with guidance > 1).
 bool flux2_true_cfg(io::Flux2Kind kind, double guidance) { return kind == io::Flux2Kind::KleinBase && guidance > 1.0; }
 
-const char* model_name(io::Flux2Kind kind) {
-  switch (kind) {
-    case io::Flux2Kind::Dev: return "FLUX.2 [dev]";
-    case io::Flux2Kind::Klein: return "FLUX.2 [klein]";
-    case io::Flux2Kind::KleinBase: return "FLUX.2 [klein] base";
-  }
-  return "FLUX.2";
-}
-
 // What FLUX.2 runs do not take (yet): one line naming the option.
 void refuse_unsupported(const RunConfig& c, io::Flux2Kind kind) {
-  const std::string what = model_name(kind);
-  for (const char* option : {"image", "mask", "control-image", "strength", "pipeline", "max-area", "no-auto-resize"})
+  const std::string what = flux2_model_name(kind);
+  for (const char* option : {"mask", "control-image", "strength", "pipeline", "max-area", "no-auto-resize"})
     if (c.was_given(option))
-      throw UsageError(str_cat("--", option, ": ", what, " runs text-to-image only in fluxmpi (image inputs are FLUX.1's)"));
+      throw UsageError(str_cat("--", option, ": ", what, " takes reference images (--image, repeatable) and no other image "
+                               "inputs in fluxmpi (masks, control images and strengths are FLUX.1's)"));
   for (const char* option : {"redux-model", "redux-image", "redux-prompt-scale", "redux-pooled-scale"})
     if (c.was_given(option))
       throw UsageError(str_cat("--", option, ": FLUX.1 Redux is an adapter of FLUX.1 models, not of ", what));
@@ -64,12 +59,12 @@ void refuse_unsupported(const RunConfig& c, io::Flux2Kind kind) {
       throw UsageError(str_cat("--", option, ": ", what, " is read from its diffusers folder (--model DIR) only"));
 }
 
-// Image ids per JSON Lines line: FLUX.2 takes plain prompts.
+// A JSON Lines line's inputs: FLUX.2 takes reference images ("image") only.
 void refuse_image_lines(const std::vector<ImageJob>& jobs, io::Flux2Kind kind) {
   for (const ImageJob& j : jobs)
-    if (!j.image.empty() || !j.mask.empty() || !j.control_image.empty() || j.strength)
-      throw UsageError(str_cat("prompts file: line ", j.line, ": ", model_name(kind),
-                               " runs text-to-image only (image inputs are FLUX.1's)"));
+    if (!j.mask.empty() || !j.control_image.empty() || j.strength)
+      throw UsageError(str_cat("prompts file: line ", j.line, ": ", flux2_model_name(kind),
+                               " takes reference images (\"image\") and no mask, control image or strength"));
 }
 
 void resolve_flux2_defaults(RunConfig& c, const io::ModelDir& dir, const Flux2Shapes& shapes) {
@@ -79,7 +74,7 @@ void resolve_flux2_defaults(RunConfig& c, const io::ModelDir& dir, const Flux2Sh
   if (!c.max_sequence_length) c.max_sequence_length = 512;
   if (kind == io::Flux2Kind::Klein) {
     if (c.guidance && c.was_given("guidance"))
-      log::info("note: --guidance ", *c.guidance, " is ignored: ", model_name(kind),
+      log::info("note: --guidance ", *c.guidance, " is ignored: ", flux2_model_name(kind),
                 " is step-distilled (diffusers ignores guidance_scale for it too)");
     c.guidance = 0.0;
   } else if (!c.guidance) {
@@ -113,7 +108,7 @@ std::string layers_text(const std::vector<int64_t>& layers) {
 std::string job_text(const RunConfig& c, const io::ModelDir& dir, const flux::LatentGeometry& g, int64_t images, bool cfg,
                      const parallel::StagePlan& plan) {
   const size_t prompts = c.prompts.size();
-  std::string s = str_cat("model: ", c.model, " (", model_name(dir.flux2_kind()), ")\n");
+  std::string s = str_cat("model: ", c.model, " (", flux2_model_name(dir.flux2_kind()), ")\n");
   s += str_cat("job: ", prompts == 0 ? std::string("no prompt given, counted as 1") : str_cat(prompts, " prompt", prompts == 1 ? "" : "s"),
                " x ", c.num_images, " image", c.num_images == 1 ? "" : "s", " = ", images, " image", images == 1 ? "" : "s",
                ", ", g.width, "x", g.height, " pixels (latent ", g.latent_width, "x", g.latent_height, ", ", g.tokens(),
@@ -139,20 +134,26 @@ class Flux2Root : public FamilyRoot {
  public:
   const Family& family() const override { return flux2_family(); }
 
-  void resolve(PreparedRun& run, const ckpt::CheckpointReader*) override {
+  void resolve(PreparedRun& run, const ckpt::CheckpointReader* checkpoint) override {
     RunConfig& c = run.config;
     const io::ModelDir& dir = *run.model;
     refuse_unsupported(c, dir.flux2_kind());
     shapes_ = read_flux2_shapes(dir);
+    // Multi-reference editing: --image (repeatable) or a JSON Lines "image" list; none: text-to-image.
+    if (checkpoint) fill_references_from_checkpoint(c, checkpoint->attributes(0));
+    run.inputs = resolve_references(c, dir, unit());
     resolve_flux2_defaults(c, dir, shapes_);
     cfg_ = flux2_true_cfg(dir.flux2_kind(), *c.guidance);
     run.geometry = flux::latent_geometry(*c.height, *c.width, shapes_.vae.scale_factor(), shapes_.transformer.latent_channels());
     check_patch_rows(c, run.geometry);
-    run.inputs = JobInputs{};  // text-to-image: no image of the job has inputs
   }
 
   int passes(const PreparedRun&) const override { return cfg_ ? 2 : 1; }
-  int64_t call_image_tokens(const PreparedRun& run) const override { return run.geometry.tokens(); }
+  int64_t call_image_tokens(const PreparedRun& run) const override {
+    int64_t tokens = run.geometry.tokens();  // + the reference tokens that follow them
+    for (const LatentSize& r : reference_latents(run.inputs, shapes_.vae.scale_factor())) tokens += r.tokens();
+    return tokens;
+  }
 
   void check_job(PreparedRun& run) override {
     refuse_image_lines(run.images, run.model->flux2_kind());
@@ -160,13 +161,14 @@ class Flux2Root : public FamilyRoot {
       j.prompt_2 = j.prompt;
       j.negative_prompt = "";  // klein base's CFG branch: diffusers' default negative prompt
     }
-    run.inputs.images.assign(run.images.size(), ImageSources{});
+    check_job_references(run.inputs, run.images, run.config, *run.model, unit());
   }
 
-  void complete_attributes(const PreparedRun& run, size_t, ckpt::ImageAttributes& a) const override {
+  void complete_attributes(const PreparedRun& run, size_t image, ckpt::ImageAttributes& a) const override {
     a.family = "flux2";
     a.negative_prompt = "";
     a.true_cfg_scale = cfg_ ? *run.config.guidance : 1.0;
+    set_reference_attributes(a, run.inputs, image);
   }
 
   void file_attributes(const PreparedRun& run, ckpt::FileAttributes& file) const override {
@@ -181,6 +183,7 @@ class Flux2Root : public FamilyRoot {
   void check_weights(PreparedRun& run) override {
     const RunConfig& c = run.config;
     check_flux2_weights(*run.model, shapes_, c.text_encoder_layers, c.dry_run || run.any_encoding(), c.dry_run);
+    if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) flux2::check_vae_encoder(run.model->component_dir("vae"));
   }
 
   void plan(const PreparedRun& run, parallel::PlanRequest& request) override {
@@ -193,6 +196,12 @@ class Flux2Root : public FamilyRoot {
       request.llm = llm;
     }
     request.vae = shapes_.vae;
+    if (run.inputs.encodes() && (c.dry_run || run.any_encoding())) {
+      // Rank 0's encode stage: the VAE encoder over one reference at a time, after the text encoder.
+      encode_stage_ = reference_encode_stage(run.inputs, shapes_.vae, shapes_.vae_quant_conv, request.dtype_bytes,
+                                             nn::kAttentionChunkBytes);
+      request.image_encode_bytes = encode_stage_->total();
+    }
     // The text encoder: on rank 0 when its budget holds it, else over the leading ranks for the
     // encoding stage (parallel/text_split.h), each slice freed before the ranks load their blocks.
     if (request.llm) {
@@ -206,7 +215,13 @@ class Flux2Root : public FamilyRoot {
   }
 
   std::string dry_run_text(const PreparedRun& run, const parallel::PlanRequest& request) const override {
-    return job_text(run.config, *run.model, run.geometry, request.images, cfg_, *run.stages) +
+    std::string inputs;
+    if (run.inputs.mode == PipelineMode::Multiref) inputs = inputs_text(run) + "\n";
+    if (encode_stage_)
+      inputs += str_cat("VAE encoder stage (rank 0, before its blocks load): weights ", format_bytes(encode_stage_->weight_bytes),
+                        " + activations ", format_bytes(encode_stage_->activation_bytes), " = ",
+                        format_bytes(encode_stage_->total()), "\n");
+    return job_text(run.config, *run.model, run.geometry, request.images, cfg_, *run.stages) + inputs +
            (text_plan_ ? text_plan_->table() + "\n" : std::string()) + run.pipelines_text + run.stages->table();
   }
 
@@ -218,6 +233,7 @@ class Flux2Root : public FamilyRoot {
     const RunConfig& c = run.config;
     if (run.model->flux2_kind() == io::Flux2Kind::Dev) plan.guidance = *c.guidance;
     plan.text_encoder_layers = c.text_encoder_layers;
+    plan.references = reference_latents(run.inputs, shapes_.vae.scale_factor());
     if (text_plan_ && text_plan_->split())
       for (const parallel::TextSlice& t : text_plan_->slices) plan.text_slices.push_back({t.first_layer, t.end_layer - 1});
   }
@@ -239,6 +255,15 @@ class Flux2Root : public FamilyRoot {
     stage.encoders = "text encoder";
     stage.parameter_bytes = encoder.parameter_bytes();
     return stage;
+  }
+
+  std::vector<EncodedImage> encode_images(const PreparedRun& run, at::ScalarType dtype, at::Device device) override {
+    return encode_job_references(run, dtype, device);
+  }
+
+  std::string inputs_text(const PreparedRun& run) const override {
+    if (run.inputs.mode != PipelineMode::Multiref) return "";
+    return describe_references(run.inputs, flux2_model_name(run.model->flux2_kind()));
   }
 
   void sampling(const PreparedRun& run, const RunPlan& plan, RootState& state) const override {
@@ -266,14 +291,36 @@ class Flux2Root : public FamilyRoot {
     return e;
   }
 
+  void write_conditioning(ckpt::CheckpointWriter& writer, int64_t image, const PreparedRun& run,
+                          const EncodedImage& encoded) const override {
+    if (run.inputs.mode == PipelineMode::Multiref) write_references(writer, image, run.inputs, encoded, shapes_.vae.scale_factor());
+  }
+
+  Conditioning stored_conditioning(const ckpt::CheckpointReader& reader, int64_t image, const PreparedRun& run,
+                                   at::ScalarType dtype) const override {
+    return run.inputs.mode == PipelineMode::Multiref ? stored_references(reader, image, dtype) : Conditioning{};
+  }
+
  private:
+  int64_t unit() const { return 2 * shapes_.vae.scale_factor(); }  // pixels per token side
+
   Flux2Shapes shapes_;
   bool cfg_ = false;
   std::optional<parallel::TextSplitPlan> text_plan_;
+  std::optional<parallel::EncodeStage> encode_stage_;
 };
 
 }  // namespace
 
 std::unique_ptr<FamilyRoot> flux2_root() { return std::make_unique<Flux2Root>(); }
+
+const char* flux2_model_name(io::Flux2Kind kind) {
+  switch (kind) {
+    case io::Flux2Kind::Dev: return "FLUX.2 [dev]";
+    case io::Flux2Kind::Klein: return "FLUX.2 [klein]";
+    case io::Flux2Kind::KleinBase: return "FLUX.2 [klein] base";
+  }
+  return "FLUX.2";
+}
 
 }  // namespace fluxmpi::pipeline
