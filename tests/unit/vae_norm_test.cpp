@@ -1,6 +1,9 @@
 // vae::group_norm (models/vae/norm.h) on the decoder's channels-last activations: in fp32 it is the
-// NCHW group norm, and in bf16 it stays within the bf16 sanity bound of an fp32 reference (the
-// check that libtorch 1.13's own bf16 channels-last kernel fails by two orders of magnitude).
+// NCHW group norm (the channels-last kernel group_norm_nhwc, against float64), with SiLU fused where
+// asked, and in bf16 it stays within the bf16 sanity bound of an fp32 reference (the check that
+// libtorch 1.13's own bf16 channels-last kernel fails by two orders of magnitude).
+
+#include <ATen/Parallel.h>
 
 #include <gtest/gtest.h>
 
@@ -24,6 +27,35 @@ TEST(VaeGroupNorm, ChannelsLastFp32MatchesNchw) {
   const at::Tensor ref = at::group_norm(x, 8, norm->weight, norm->bias, 1e-6);
   test::expect_close("group norm, channels-last fp32", group_norm(norm, x.contiguous(at::MemoryFormat::ChannelsLast)),
                      ref, test::kTolFp32);
+}
+
+TEST(VaeGroupNorm, ChannelsLastKernelMatchesFloat64AndKeepsTheFormat) {
+  const nn::GroupNorm norm = make_norm(4, 64);
+  // 700 pixels: several chunks of the statistics pass and a short last one; an offset mean.
+  const at::Tensor x = (at::randn({2, 64, 35, 20}) * 3 + 5).contiguous(at::MemoryFormat::ChannelsLast);
+  ASSERT_TRUE(group_norm_nhwc_applies(x));
+  EXPECT_FALSE(group_norm_nhwc_applies(x.contiguous())) << "NCHW input goes to libtorch";
+  const at::Tensor ref = at::group_norm(x.to(at::kDouble), 4, norm->weight.to(at::kDouble), norm->bias.to(at::kDouble), 1e-6);
+  const at::Tensor got = group_norm(norm, x);
+  EXPECT_TRUE(got.is_contiguous(at::MemoryFormat::ChannelsLast));
+  test::expect_close("group norm (channels-last kernel) vs float64", got, ref, test::kTolFp32);
+  const at::Tensor fused = group_norm_silu(norm, x);
+  EXPECT_TRUE(fused.is_contiguous(at::MemoryFormat::ChannelsLast));
+  test::expect_close("group norm + SiLU (channels-last kernel) vs float64", fused, at::silu(ref), test::kTolFp32);
+  // Without the kernel (NCHW input) the pair is libtorch's group norm and SiLU.
+  test::expect_close("group norm + SiLU, NCHW", group_norm_silu(norm, x.contiguous()), at::silu(ref), test::kTolFp32);
+}
+
+TEST(VaeGroupNorm, ChannelsLastKernelDoesNotDependOnTheThreadCount) {
+  const nn::GroupNorm norm = make_norm(8, 32);
+  const at::Tensor x = at::randn({1, 32, 40, 40}).contiguous(at::MemoryFormat::ChannelsLast);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor one = group_norm_silu(norm, x);
+  at::set_num_threads(2);
+  const at::Tensor two = group_norm_silu(norm, x);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(at::equal(one, two));
 }
 
 TEST(VaeGroupNorm, ChannelsLastBf16StaysWithinTheSanityBound) {
