@@ -8,6 +8,7 @@ install). It never downloads anything: every model is a local folder made by mak
                     --threads N --repeat R
   diffusers_side.py --path P job --model DIR --embeds CKPT.h5 --height H --width W --steps N --seed S
                     --guidance G --dtype fp32|bf16 --threads N --output OUT.png
+  diffusers_side.py --path P load --model DIR --dtype fp32|bf16 --threads N
   diffusers_side.py psnr A.png B.png
 
 Each measurement prints one line `peer-result {json}`.
@@ -137,6 +138,41 @@ def job(args, mods):
     report(kind="job", call_s=call_s, load_s=load_s, **versions(torch, diffusers))
 
 
+def process_start():
+    """time.time() of this process's start (/proc/self/stat field 22, clock ticks after boot): the
+    interpreter's own start-up counts, a wrapper that launched it (scripts/debian13.sh) does not."""
+    import os
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def load(args, mods, imported):
+    """From this process's start to a loaded FluxPipeline, and the peak RSS."""
+    import resource
+    import torch
+    diffusers, AutoencoderKL, Scheduler, FluxTransformer2DModel, FluxPipeline = mods
+    torch.set_num_threads(args.threads)
+    dt = torch_dtype(torch, args.dtype)
+    t0 = time.perf_counter()
+    # The text encoders cannot be loaded here (module docstring): the transformer, VAE and scheduler,
+    # what FluxPipeline.from_pretrained reads besides them.
+    pipe = FluxPipeline(
+        scheduler=Scheduler.from_pretrained(args.model, subfolder="scheduler"),
+        vae=AutoencoderKL.from_pretrained(args.model, subfolder="vae", torch_dtype=dt),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+        transformer=FluxTransformer2DModel.from_pretrained(args.model, subfolder="transformer", torch_dtype=dt))
+    load_s = time.perf_counter() - t0
+    ready = time.time()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = process_start()
+    report(kind="load", load_s=load_s, import_s=imported - start, ready_s=ready - start, peak_rss_bytes=peak,
+           **versions(torch, diffusers))
+    del pipe
+
+
 def psnr(args):
     import numpy as np
     from PIL import Image
@@ -168,6 +204,10 @@ def main():
     j.add_argument("--seed", type=int, required=True)
     j.add_argument("--guidance", type=float, required=True)
     j.add_argument("--output", required=True)
+    lo = sub.add_parser("load")
+    lo.add_argument("--model", required=True)
+    lo.add_argument("--dtype", choices=("fp32", "bf16"), required=True)
+    lo.add_argument("--threads", type=int, required=True)
     s = sub.add_parser("psnr")
     s.add_argument("a")
     s.add_argument("b")
@@ -176,6 +216,9 @@ def main():
         psnr(args)
         return
     mods = import_diffusers(args.path)
+    if args.cmd == "load":
+        load(args, mods, time.time())
+        return
     (forward if args.cmd == "forward" else job)(args, mods)
 
 
