@@ -23,9 +23,7 @@
 #include "core/error.h"
 #include "io/model_dir.h"
 #include "models/common/tensor_utils.h"
-#include "models/common/winograd_conv.h"
 #include "models/flux/latents.h"
-#include "models/vae/norm.h"
 #include "models/vae/vae_encoder.h"
 #include "support/fixtures.h"
 #include "support/onednn_switch.h"
@@ -244,14 +242,8 @@ void expect_reference_arithmetic(const ImageCase& c, const at::Tensor& uint8_nhw
   VaeEncoder& vae = cpu_encoder_of(c, at::kFloat);
   at::Tensor z;
   {
-    // libtorch's operators, as the reference ran them: fluxmpi's channels-last group norm sums in
-    // float64 (vae/norm.h) and its Winograd convolutions (nn::winograd_conv3x3) round otherwise.
     const IntraOpThreads as_the_reference(threads);
-    nn::set_winograd(false);
-    set_group_norm_nhwc(false);
     z = vae->normalize(vae->encode(x).mode());
-    nn::set_winograd(true);
-    set_group_norm_nhwc(true);
   }
   expect_close(str_cat(c.name, " image_latents from diffusers' channels-last input on ", threads, " threads"), z, want,
                test::kTolPipelineFp32);

@@ -79,7 +79,7 @@ std::pair<at::Tensor, at::Tensor> fuse_linears(const std::vector<Linear>& parts)
     ws.push_back(l->weight);
     bs.push_back(l->bias);
   }
-  at::Tensor w = gemm_layout(at::cat(ws, 0)), b = at::cat(bs, 0);
+  at::Tensor w = gemm_layout_cat(ws), b = at::cat(bs, 0);
   int64_t offset = 0;
   for (const auto& l : parts) {
     l->weight.set_data(w.narrow(0, offset, l->out_features));
