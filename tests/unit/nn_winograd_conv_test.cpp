@@ -34,12 +34,22 @@ struct Shapes {
   int64_t batch, c_in, c_out, height, width;
 };
 
+// The Winograd path switched on for one scope (it is off by default: winograd_conv.h).
+class WinogradOn {
+ public:
+  WinogradOn() { set_winograd(true); }
+  ~WinogradOn() { set_winograd(false); }
+  WinogradOn(const WinogradOn&) = delete;
+  WinogradOn& operator=(const WinogradOn&) = delete;
+};
+
 class WinogradConv : public testing::TestWithParam<Shapes> {
  protected:
   void SetUp() override {
     if (cpu::gemm_provider_f32() != cpu::GemmProvider::OneDnn)
       GTEST_SKIP() << "this process has no oneDNN sgemm: the Winograd path does not apply";
   }
+  const WinogradOn on_;
 };
 
 TEST_P(WinogradConv, Conv3x3MatchesFloat64AsCloselyAsTheDirectConvolution) {
@@ -133,13 +143,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, WinogradConv,
                          testing::Values(Shapes{1, 16, 32, 5, 7}, Shapes{2, 48, 16, 6, 4}, Shapes{1, 64, 32, 1, 1},
                                          Shapes{1, 32, 64, 70, 45}, Shapes{1, 128, 96, 16, 16}));
 
+TEST(WinogradConvDispatch, IsOffByDefault) {
+  EXPECT_FALSE(winograd_enabled());
+  const at::Tensor w = at::randn({32, 32, 3, 3});
+  const at::Tensor x = at::randn({1, 32, 8, 8}).contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_FALSE(winograd_applies(x, w));
+  const at::Tensor b = at::randn({32});
+  EXPECT_TRUE(at::equal(nn::conv2d(x, w, b, {1, 1}, {1, 1}), at::conv2d(x, w, b, {1, 1}, {1, 1}))) << "libtorch's convolution";
+}
+
 TEST(WinogradConvDispatch, TakesFp32WithEnoughChannelsOnly) {
   if (cpu::gemm_provider_f32() != cpu::GemmProvider::OneDnn) GTEST_SKIP() << "no oneDNN sgemm in this process";
+  const WinogradOn on;
   const at::Tensor w = at::randn({32, 32, 3, 3});
   const at::Tensor x = at::randn({1, 32, 8, 8});
   EXPECT_TRUE(winograd_applies(channels_last(x), w));
   EXPECT_TRUE(winograd_applies(x, w)) << "NCHW";
   EXPECT_TRUE(at::equal(winograd_conv3x3(x, w, {}), winograd_conv3x3(channels_last(x), w, {}))) << "NCHW input, same bits";
+  // Channels-last in, channels-last out; else NCHW.
+  EXPECT_TRUE(winograd_conv3x3(x, w, {}).is_contiguous()) << "NCHW in, NCHW out";
+  EXPECT_TRUE(winograd_upsample2x(x, w, at::zeros({32})).is_contiguous()) << "NCHW in, NCHW out";
+  EXPECT_TRUE(winograd_conv3x3(channels_last(x), w, {}).is_contiguous(at::MemoryFormat::ChannelsLast));
   EXPECT_EQ(winograd_applies(channels_last(x.to(at::kBFloat16)), w), cpu::gemm_provider_bf16() == cpu::GemmProvider::OneDnn)
       << "bf16: where the bf16 GEMM is oneDNN's";
   EXPECT_FALSE(winograd_applies(channels_last(x.to(at::kDouble)), w)) << "float64";

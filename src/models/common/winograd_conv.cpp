@@ -19,7 +19,7 @@ namespace {
 using cpu::from_float;
 using cpu::to_float;
 
-std::atomic<bool> enabled{true};
+std::atomic<bool> enabled{false};  // opt-in: see winograd_conv.h
 
 constexpr int kAlpha = 4;                      // the transformed tile's side: m + r - 1 = 4 for both
 constexpr int kPositions = kAlpha * kAlpha;    // one GEMM each
@@ -313,7 +313,7 @@ at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& weight, const
   at::Tensor out = at::empty({B, K, H, W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (x.scalar_type() == at::kFloat) conv3x3<float>(xc, weight, b.data(), out);
   else conv3x3<c10::BFloat16>(xc, weight, b.data(), out);
-  return out;
+  return x.is_contiguous(at::MemoryFormat::ChannelsLast) ? out : out.contiguous();
 }
 
 at::Tensor winograd_upsample2x(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -325,7 +325,7 @@ at::Tensor winograd_upsample2x(const at::Tensor& x, const at::Tensor& weight, co
   at::Tensor out = at::empty({B, K, 2 * H, 2 * W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (x.scalar_type() == at::kFloat) upsample2x<float>(xc, weight, b.data(), out);
   else upsample2x<c10::BFloat16>(xc, weight, b.data(), out);
-  return out;
+  return x.is_contiguous(at::MemoryFormat::ChannelsLast) ? out : out.contiguous();
 }
 
 void set_winograd(bool on) { enabled = on; }

@@ -18,6 +18,11 @@
 /// result within 1.5-3x the direct bf16 convolution's error (measured: 1.2-5.6e-3 of the output
 /// scale against 0.7-3.1e-3), at about 1.25x its speed here.
 ///
+/// Off by default (set_winograd): fluxmpi's numbers are libtorch's direct convolutions until the
+/// path has passed the fixture checks in both CI lanes (check-cli sets included), and its bf16
+/// breaks nn::conv2d's contract of one rounding from the exact sum (unit_layers_conv_test measured
+/// 0.17 of the value where one rounding is 2^-8). fluxmpi-bench-vae --conv winograd switches it on.
+///
 /// Determinism: the tiles are processed in chunks of a size fixed by the channel counts, each chunk
 /// by one thread with its own buffers and single-threaded GEMMs (nn::cpu::gemm), every sum in a fixed
 /// order; so the result does not depend on the thread count.
@@ -29,21 +34,22 @@ namespace fluxmpi::nn {
 /// Whether the Winograd path computes conv2d(x, weight, padding 1) for a 3x3 `weight` (and the
 /// upsampler's): on, CPU fp32 or bf16 x [B, C, H, W], C and the output channels at least 16 (below
 /// that the transforms cost more than the multiplications they save), and oneDNN's GEMM of that
-/// dtype in the process (bf16: CPUs with AVX-512). The tiles read channels-last memory: other input
-/// is copied to it first.
+/// dtype in the process (bf16: CPUs with AVX-512). The tiles read and write channels-last memory:
+/// other input is copied to it first and the result back to NCHW (the decoder runs channels-last,
+/// so neither copy happens there).
 bool winograd_applies(const at::Tensor& x, const at::Tensor& weight);
 
 /// conv2d(x, weight, bias, stride 1, padding 1) for weight [K, C, 3, 3], bias [K] (or undefined),
-/// x fp32 or bf16 on the CPU. The result is channels-last, of x's dtype.
+/// x fp32 or bf16 on the CPU. The result is of x's dtype, channels-last where x is, else NCHW.
 at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 /// conv2d(upsample_nearest2d(x, 2x), weight, bias, padding 1) for weight [K, C, 3, 3], computed as
 /// the upsampler's four 2x2 phase convolutions at x's resolution (vae/upsample_conv.h), each written
-/// into its pixels of the doubled image. x fp32 or bf16 on the CPU; the result [B, K, 2H, 2W] is
-/// channels-last, of x's dtype.
+/// into its pixels of the doubled image. x fp32 or bf16 on the CPU; the result [B, K, 2H, 2W] is of
+/// x's dtype, channels-last where x is, else NCHW.
 at::Tensor winograd_upsample2x(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
-/// Process-wide switch of the Winograd path (default on), for benchmarks and tests.
+/// Process-wide switch of the Winograd path (default off, see above), for benchmarks and tests.
 void set_winograd(bool on);
 bool winograd_enabled();
 

@@ -16,7 +16,7 @@
 namespace fluxmpi::vae {
 namespace {
 
-std::atomic<bool> nhwc_enabled{true};
+std::atomic<bool> nhwc_enabled{false};  // opt-in: see norm.h
 
 // Pixels per task of the statistics pass: a fixed size, so that the partial sums and their order do
 // not depend on the thread count.

@@ -7,9 +7,9 @@
 
 namespace fluxmpi::vae {
 
-/// norm(x). CPU fp32 and bf16 channels-last input is normalised by group_norm_nhwc below, which
-/// keeps the memory format (libtorch 1.13's group norm returns NCHW, and each convolution would
-/// then copy its input back) and is right in bf16 (libtorch 1.13's own CPU kernel is wrong for bf16
+/// norm(x). Where switched on (set_group_norm_nhwc), CPU fp32 and bf16 channels-last input is
+/// normalised by group_norm_nhwc below, which keeps the memory format (libtorch 1.13's group norm
+/// returns NCHW, and each convolution would then copy its input back) and is right in bf16 (libtorch 1.13's own CPU kernel is wrong for bf16
 /// channels-last input: max error 3.4-10 against 0.02-0.1 for the same input in NCHW).
 at::Tensor group_norm(const nn::GroupNorm& norm, const at::Tensor& x);
 
@@ -20,8 +20,8 @@ at::Tensor group_norm_silu(const nn::GroupNorm& norm, const at::Tensor& x);
 /// Whether group_norm_nhwc takes x: on, CPU fp32 or bf16, 4-D, channels-last and not also
 /// NCHW-contiguous.
 bool group_norm_nhwc_applies(const at::Tensor& x);
-/// Process-wide switch of group_norm_nhwc (default on; off: libtorch's group norm), for benchmarks
-/// and for tests that reproduce libtorch's own arithmetic.
+/// Process-wide switch of group_norm_nhwc (default off: libtorch's group norm, as the fixtures were
+/// checked with in both CI lanes), for benchmarks (fluxmpi-bench-vae --conv winograd) and tests.
 void set_group_norm_nhwc(bool on);
 
 /// torch.nn.GroupNorm of channels-last x [B, C, H, W] (fp32 or bf16) into a channels-last result of

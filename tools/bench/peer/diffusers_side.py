@@ -110,6 +110,17 @@ def forward(args, mods):
            width=cfg.num_attention_heads * cfg.attention_head_dim, **versions(torch, diffusers))
 
 
+def load_pipeline(model, mods, dt):
+    """A FluxPipeline of the folder's transformer, VAE and scheduler, what FluxPipeline.from_pretrained
+    reads besides the text encoders (which cannot be loaded here: module docstring)."""
+    diffusers, AutoencoderKL, Scheduler, FluxTransformer2DModel, FluxPipeline = mods
+    return FluxPipeline(
+        scheduler=Scheduler.from_pretrained(model, subfolder="scheduler"),
+        vae=AutoencoderKL.from_pretrained(model, subfolder="vae", torch_dtype=dt),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+        transformer=FluxTransformer2DModel.from_pretrained(model, subfolder="transformer", torch_dtype=dt))
+
+
 def job(args, mods):
     import h5py
     import torch
@@ -121,11 +132,7 @@ def job(args, mods):
         prompt_embeds = torch.from_numpy(text["prompt_embeds"][()]).unsqueeze(0).to(dt)
         pooled = torch.from_numpy(text["pooled_prompt_embeds"][()]).unsqueeze(0).to(dt)
     t0 = time.perf_counter()
-    pipe = FluxPipeline(
-        scheduler=Scheduler.from_pretrained(args.model, subfolder="scheduler"),
-        vae=AutoencoderKL.from_pretrained(args.model, subfolder="vae", torch_dtype=dt),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-        transformer=FluxTransformer2DModel.from_pretrained(args.model, subfolder="transformer", torch_dtype=dt))
+    pipe = load_pipeline(args.model, mods, dt)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -157,13 +164,7 @@ def load(args, mods, imported):
     torch.set_num_threads(args.threads)
     dt = torch_dtype(torch, args.dtype)
     t0 = time.perf_counter()
-    # The text encoders cannot be loaded here (module docstring): the transformer, VAE and scheduler,
-    # what FluxPipeline.from_pretrained reads besides them.
-    pipe = FluxPipeline(
-        scheduler=Scheduler.from_pretrained(args.model, subfolder="scheduler"),
-        vae=AutoencoderKL.from_pretrained(args.model, subfolder="vae", torch_dtype=dt),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-        transformer=FluxTransformer2DModel.from_pretrained(args.model, subfolder="transformer", torch_dtype=dt))
+    pipe = load_pipeline(args.model, mods, dt)
     load_s = time.perf_counter() - t0
     ready = time.time()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

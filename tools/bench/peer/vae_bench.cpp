@@ -5,8 +5,9 @@
 //
 // Loads the pipeline folder's VAE decoder (as the fluxmpi command does, in each run dtype) and
 // decodes a random latent of a --size x --size image: one warm-up, then R timed decodes per dtype
-// and kernel set (--conv: winograd, as fluxmpi runs the decoder: its Winograd 3x3 convolutions and
-// channels-last group norm where they apply; libtorch: at::conv2d and at::group_norm throughout),
+// and kernel set (--conv: winograd, the opt-in Winograd 3x3 convolutions and channels-last group
+// norm where they apply, off in fluxmpi by default; libtorch: at::conv2d and at::group_norm
+// throughout, as fluxmpi runs the decoder),
 // the configurations taking turns; prints the best time and the FLOP rate of the convolutions (the decoder's
 // FLOPs are counted from its config: the 3x3 and 1x1 convolutions at each level and the mid-block
 // attention). --profile adds one more decode with a per-operator table (time of each top-level
