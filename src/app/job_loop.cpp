@@ -270,6 +270,13 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
     if (messenger) messenger->set_idle(serve);
   }
   const auto t_denoise = Clock::now();
+  if (rank == 0) {
+    const double started = process_start_epoch_seconds(), now = std::chrono::duration<double>(
+                                                               std::chrono::system_clock::now().time_since_epoch()).count();
+    log::debug("first denoising step: ", seconds_text(seconds_since(start)), " after the run began, ",
+               seconds_text(now - started), " after the process started (at ", std::fixed, std::setprecision(2), started,
+               " s since the epoch)");
+  }
   pipeline::denoise(setup, *part, stages, 0, messenger.get(), &job.state);
   if (messenger) log::debug(denoise_text(seconds_since(t_denoise), messenger->blocked_seconds()));
   if (counter) log::debug(counter->taken(), " work group(s) taken");

@@ -139,7 +139,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     nn::LoadStats stats;
     part = family.load_part(dir, plan, *stages, stage, dtype, device, &stats);
     log::debug("loaded blocks ", b.describe(), ": ", stats.tensors, " tensors, ", format_bytes(stats.bytes), " in ",
-               seconds_text(seconds_since(t_load)));
+               seconds_text(seconds_since(t_load)), "; peak RSS so far ", format_bytes(peak_rss_bytes()));
     if (stage == 0) control = family.residual_source(plan, dtype, device);
   } catch (const std::exception& e) {
     code = report(e);

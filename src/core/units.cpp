@@ -1,9 +1,12 @@
 #include "core/units.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "core/error.h"
@@ -83,5 +86,25 @@ bool reset_peak_rss() {
   return static_cast<bool>(out.flush());
 }
 uint64_t current_rss_bytes() { return status_field_kib("VmRSS"); }
+
+double process_start_epoch_seconds() {
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i)
+    if (i == 22) {
+      std::ifstream boot_in("/proc/stat");
+      std::string line;
+      while (std::getline(boot_in, line))
+        if (line.compare(0, 6, "btime ") == 0) {
+          const long ticks = sysconf(_SC_CLK_TCK);
+          return ticks > 0 ? std::stod(line.substr(6)) + std::stod(field) / static_cast<double>(ticks) : 0;
+        }
+    }
+  return 0;
+}
 
 }  // namespace fluxmpi

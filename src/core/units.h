@@ -1,5 +1,5 @@
 #pragma once
-/// Byte sizes and memory readings.
+/// Byte sizes and memory readings, and when this process started.
 
 #include <cstdint>
 #include <string>
@@ -19,5 +19,10 @@ uint64_t current_rss_bytes();
 /// Starts a new peak: VmHWM drops to the current RSS (Linux /proc/self/clear_refs), so that
 /// peak_rss_bytes() then measures one stage. Returns false where the kernel refuses.
 bool reset_peak_rss();
+
+/// When this process started, in seconds since the Unix epoch (Linux: /proc/self/stat's start time
+/// after boot plus /proc/stat's boot time, to a clock tick); 0 when unknown. Start-up benchmarks
+/// compare it with the launcher's clock (tools/bench/peer/peer.py --only startup).
+double process_start_epoch_seconds();
 
 }  // namespace fluxmpi

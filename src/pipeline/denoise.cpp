@@ -9,14 +9,20 @@
 
 namespace fluxmpi::pipeline {
 
-std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches) {
-  FLUX_CHECK(patches >= 1 && patches <= rows, patches, " patches of ", rows, " token rows");
+std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches, int64_t text) {
+  FLUX_CHECK(patches >= 1 && patches <= rows && cols >= 1 && text >= 0, patches, " patches of ", rows, " token rows of ",
+             cols, " (", text, " text tokens)");
   std::vector<TokenRange> out;
+  const int64_t total = rows * cols + text;
   int64_t row = 0;
   for (int64_t p = 0; p < patches; ++p) {
-    const int64_t n = rows / patches + (p < rows % patches ? 1 : 0);
-    out.push_back({row * cols, n * cols});
-    row += n;
+    // The image tokens before the cut, (p + 1) total / patches - text, in rows: the nearest whole
+    // row, in integers (ties up); then at least one row for this patch and for each later one.
+    const int64_t image = std::max<int64_t>(0, (p + 1) * total - patches * text);  // times `patches`
+    int64_t end = (2 * image + patches * cols) / (2 * patches * cols);
+    end = p + 1 == patches ? rows : std::clamp(end, row + 1, rows - (patches - 1 - p));
+    out.push_back({row * cols, (end - row) * cols});
+    row = end;
   }
   return out;
 }
@@ -82,7 +88,8 @@ class Worker {
     rope_.cos = rope_.cos.to(setup.device);
     rope_.sin = rope_.sin.to(setup.device);
     if (setup.patches > 1) {
-      const auto ranges = patch_ranges(setup.latent_height / 2, setup.latent_width / 2, setup.patches);
+      // Patch 0 carries the text and the reference tokens: the cut balances them too.
+      const auto ranges = patch_ranges(setup.latent_height / 2, setup.latent_width / 2, setup.patches, S + R);
       for (size_t p = 0; p < ranges.size(); ++p) {
         patch_units_.push_back(Unit{static_cast<int32_t>(p), p == 0 ? S : 0, ranges[p], p == 0 ? R : 0});
         // A patch's rows of the sequence: its text and image tokens from its offset on, its

@@ -62,9 +62,13 @@ struct TokenRange {
   int64_t count = 0;
 };
 
-/// The image tokens of `patches` patches of a (rows x cols) token grid: contiguous runs of whole
-/// rows, as equal as the rows allow (the first rows % patches patches get one row more).
-std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches);
+/// The image tokens of `patches` patches of a (rows x cols) token grid whose patch 0 also carries
+/// `text` text tokens: contiguous runs of whole rows, cut so that the patches hold as equal a number
+/// of tokens as the rows allow, patch 0's text included. Patch p ends at the row nearest to the point
+/// where (p + 1) / patches of all text + image tokens are reached (ties: the later row); each patch
+/// keeps at least one row. Equal patches keep the ranks of a pipelined step equally busy
+/// (docs/architecture.md, "Patch pipelining").
+std::vector<TokenRange> patch_ranges(int64_t rows, int64_t cols, int64_t patches, int64_t text = 0);
 
 /// Where ControlNet residuals go; the same on every rank of a pipeline.
 struct ControlRouting {

@@ -14,8 +14,10 @@
 #include "core/error.h"
 #include "io/model_dir.h"
 #include "io/png.h"
+#include "models/common/winograd_conv.h"
 #include "models/flux/latents.h"
 #include "models/vae/image_processor.h"
+#include "models/vae/norm.h"
 #include "models/vae/vae_decoder.h"
 #include "support/fixtures.h"
 #include "support/tensor_compare.h"
@@ -65,11 +67,25 @@ void expect_pixels_close(const std::string& what, const io::RgbImage& got, const
 // ---------------------------------------------------------------------------------------------
 // vae_decode cases: the decoder alone, batch 2, with intermediates.
 
+// The opt-in CPU kernels (Winograd convolutions, winograd_conv.h; the channels-last group norm,
+// norm.h) switched on for one scope; both are off by default.
+class OptInKernels {
+ public:
+  explicit OptInKernels(bool on) {
+    nn::set_winograd(on);
+    set_group_norm_nhwc(on);
+  }
+  ~OptInKernels() {
+    nn::set_winograd(false);
+    set_group_norm_nhwc(false);
+  }
+  OptInKernels(const OptInKernels&) = delete;
+  OptInKernels& operator=(const OptInKernels&) = delete;
+};
+
 class VaeDecodeParity : public testing::TestWithParam<CaseRef> {};
 
-TEST_P(VaeDecodeParity, MatchesDiffusersWithIntermediates) {
-  const CaseRef& c = GetParam();
-  FLUXMPI_REQUIRE_CASE(c);
+void expect_decode_parity(const CaseRef& c, const std::string& label) {
   test::CaseTensors ref(c.file);
   VaeDecoder& vae = decoder_of(c);
   DecoderTrace trace;
@@ -99,11 +115,24 @@ TEST_P(VaeDecodeParity, MatchesDiffusersWithIntermediates) {
       ADD_FAILURE() << test::case_label(c) << ": reference tensor '" << name << "' has no counterpart in the decoder";
       continue;
     }
-    expect_close(test::case_label(c) + " " + name, got, ref.get(name), test::kTolFp32);
+    expect_close(label + " " + name, got, ref.get(name), test::kTolFp32);
     ++compared;
   }
   EXPECT_GT(compared, 0) << test::case_label(c) << ": no reference tensor compared";
   EXPECT_EQ(trace.up_blocks.size(), vae->config().block_out_channels.size());
+}
+
+TEST_P(VaeDecodeParity, MatchesDiffusersWithIntermediates) {
+  const CaseRef& c = GetParam();
+  FLUXMPI_REQUIRE_CASE(c);
+  expect_decode_parity(c, test::case_label(c));
+}
+
+TEST_P(VaeDecodeParity, MatchesDiffusersWithTheOptInKernels) {
+  const CaseRef& c = GetParam();
+  FLUXMPI_REQUIRE_CASE(c);
+  const OptInKernels on(true);
+  expect_decode_parity(c, test::case_label(c) + " (Winograd, group_norm_nhwc)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VaeDecodeParity, testing::ValuesIn(test::cases_of_kind("vae_decode")),
@@ -175,12 +204,16 @@ TEST_P(VaePipelineTailParity, DecodeImageEndToEndMatchesPng) {
   ASSERT_TRUE(c.json.contains("png")) << test::case_label(c) << ": the manifest lists no reference PNG";
   const auto& pngs = c.json["png"];
   ASSERT_EQ(static_cast<int64_t>(pngs.size()), latents.size(0));
-  for (int64_t i = 0; i < latents.size(0); ++i) {
-    io::RgbImage image = decode_image(decoder_of(c), test::on_test_device(latents[i]), geometry_, config_);
-    const std::string png = pngs[static_cast<size_t>(i)].get<std::string>();
-    io::RgbImage expected = io::read_png((std::filesystem::path(test::fixture_root()) / png).string());
-    expect_pixels_close(str_cat(test::case_label(c), " decode_image(latents_final[", i, "]) vs ", png), image,
-                        expected.pixels.data(), expected.height, expected.width);
+  for (bool opt_in : {false, true}) {
+    const OptInKernels kernels(opt_in);
+    for (int64_t i = 0; i < latents.size(0); ++i) {
+      io::RgbImage image = decode_image(decoder_of(c), test::on_test_device(latents[i]), geometry_, config_);
+      const std::string png = pngs[static_cast<size_t>(i)].get<std::string>();
+      io::RgbImage expected = io::read_png((std::filesystem::path(test::fixture_root()) / png).string());
+      expect_pixels_close(str_cat(test::case_label(c), " decode_image(latents_final[", i, "]) vs ", png,
+                                  opt_in ? " (Winograd, group_norm_nhwc)" : ""),
+                          image, expected.pixels.data(), expected.height, expected.width);
+    }
   }
 }
 

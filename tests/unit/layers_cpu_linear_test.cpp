@@ -54,6 +54,19 @@ TEST_F(CpuLinear, GemmLayoutKeepsTheValuesAndTransposesTheStorage) {
   EXPECT_EQ(gemm_layout(h).data_ptr(), h.data_ptr());
 }
 
+TEST_F(CpuLinear, GemmLayoutCatIsTheConcatenationInTheGemmLayout) {
+  at::manual_seed(2);
+  // Sizes off the transpose's 32 x 32 tiles; one part already in the GEMM's layout.
+  const std::vector<at::Tensor> parts = {at::randn({70, 45}), gemm_layout(at::randn({33, 45})), at::randn({1, 45})};
+  const at::Tensor fused = gemm_layout_cat(parts);
+  EXPECT_TRUE(at::equal(fused, at::cat(parts, 0)));
+  if (!have_onednn()) GTEST_SKIP() << "no oneDNN sgemm in this process: the layout stays";
+  EXPECT_EQ(fused.stride(0), 1);
+  EXPECT_EQ(fused.stride(1), 104);
+  const at::Tensor big = at::randn({97, 131});
+  EXPECT_TRUE(at::equal(gemm_layout(big), big));
+}
+
 TEST_F(CpuLinear, MatchesFloat64OnTheModelsShapes) {
   at::manual_seed(2);
   struct Case {

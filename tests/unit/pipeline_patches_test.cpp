@@ -41,6 +41,35 @@ TEST(PatchRanges, WholeRowsAsEqualAsTheyAllow) {
   EXPECT_THROW(patch_ranges(3, 2, 4), InternalError);
 }
 
+TEST(PatchRanges, TheTextOfPatchZeroCountsTowardsEqualPatches) {
+  // 32 rows of 32 tokens and 128 text tokens (the bench's 512^2): 1152 tokens, 288 a patch.
+  auto r = patch_ranges(32, 32, 4, 128);
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0].first, 0);
+  EXPECT_EQ(r[0].count, 5 * 32);  // + 128 text tokens = 288
+  for (int64_t p = 1; p < 4; ++p) {
+    EXPECT_EQ(r[p].first, (5 + 9 * (p - 1)) * 32);
+    EXPECT_EQ(r[p].count, 9 * 32);
+  }
+  r = patch_ranges(32, 32, 2, 128);  // 576 and 576
+  EXPECT_EQ(r[0].count, 14 * 32);
+  EXPECT_EQ(r[1].count, 18 * 32);
+  // Where the exact share falls between rows, the nearest row: 10 rows of 4 and 6 text tokens in 3
+  // patches: 46 tokens, a third after 15.3 and two after 30.7, i.e. 9.3 and 24.7 image tokens,
+  // 2.33 and 6.17 rows: cuts after rows 2 and 6.
+  r = patch_ranges(10, 4, 3, 6);
+  EXPECT_EQ(r[0].count, 8);
+  EXPECT_EQ(r[1].first, 8);
+  EXPECT_EQ(r[1].count, 16);
+  EXPECT_EQ(r[2].count, 16);
+  // More text than a patch's share: patch 0 still keeps one row, and every later patch one too.
+  r = patch_ranges(4, 2, 4, 100);
+  for (int64_t p = 0; p < 4; ++p) EXPECT_EQ(r[p].count, 2) << "patch " << p;
+  r = patch_ranges(6, 1, 2, 5);  // 11 tokens: patch 0 = 5 text + 1 row, patch 1 = 5 rows
+  EXPECT_EQ(r[0].count, 1);
+  EXPECT_EQ(r[1].count, 5);
+}
+
 // One attention layer of one block, 1 head of 2 dims, 3 tokens, RoPE the identity and q = 0: every
 // query weighs all keys equally, so each output row is the mean of the value rows it attends to,
 // and which rows are fresh can be read off the numbers.

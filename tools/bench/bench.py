@@ -21,7 +21,8 @@ measures patch pipelining instead (docs/performance.md): one image, 2 ranks x 1 
 and its drift from it (fluxmpi-bench-drift: the final latents' relative difference and the decoded
 image's PSNR). --runs keeps only the named runs (tags as in the table: exact1, exact2, m<M>w<W>,
 cfg-exact1, cfg-m4w1; exact1, the reference, always runs), e.g. --runs exact1,m4w1 --repeat 2 for the
-headline number alone (about 5 min).
+headline number alone (about 5 min); --runs also takes m3w1 and np4-m4w1, np4-m6w1, np4-m8w1 (4 ranks x 1
+thread, oversubscribed on fewer than 4 cores).
 
   tools/bench/bench.py --stages [--images 8 --repeat 3] [--sessions]   # about 6 min on a quiet machine
 
@@ -112,10 +113,16 @@ def patches_bench(a, model):
     # (tag, ranks, options): the exact 1-rank reference runs again in the middle of the patched
     # runs (each keeps its best time), so that a slow spell of the machine hits them alike.
     patched = [("m%dw%d" % (m, w), 2, ["--patches", str(m), "--warmup-steps", str(w)]) for w in (1, 2, 4) for m in (2, 4, 8)]
+    # Only with --runs: M = 3 on 2 ranks, and 4 ranks x 1 thread (np4-m<M>w1; oversubscribed on a
+    # machine of fewer than 4 cores, where the ratio cannot pass the cores it has).
+    extra_runs = [("m3w1", 2, ["--patches", "3", "--warmup-steps", "1"])] + \
+                 [("np4-m%dw1" % m, 4, ["--patches", str(m), "--warmup-steps", "1"]) for m in (4, 6, 8)]
     configs = [("exact1", 1, []), ("exact2", 2, [])] + patched[:3] + [("exact1", 1, [])] + patched[3:]
     configs += [("cfg-exact1", 1, cfg), ("cfg-m4w1", 2, cfg + ["--patches", "4", "--warmup-steps", "1"])]
     if a.runs:
         keep = set(a.runs.split(",")) | {"exact1"}
+        configs += [c for c in extra_runs if c[0] in keep]
+        patched += [c for c in extra_runs if c[0] in keep]
         unknown = keep - {tag for tag, _, _ in configs}
         if unknown:
             sys.exit("bench: --runs: no run named %s" % ", ".join(sorted(unknown)))

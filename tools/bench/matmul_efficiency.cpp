@@ -127,7 +127,7 @@ class PatchedStep {
   PatchedStep(const flux::FluxTransformerImpl& t, flux::TransformerInputs in, flux::RopeTables rope,
               const flux::LatentGeometry& g, int64_t text_tokens, int64_t patches)
       : t_(t), in_(std::move(in)), rope_(std::move(rope)), text_(text_tokens),
-        ranges_(pipeline::patch_ranges(g.latent_height / 2, g.latent_width / 2, patches)) {
+        ranges_(pipeline::patch_ranges(g.latent_height / 2, g.latent_width / 2, patches, text_tokens)) {
     kv_ = t_.kv_caches(1, text_ + g.tokens(), in_.latents.options());
   }
 

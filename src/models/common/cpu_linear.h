@@ -12,6 +12,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace torch::nn {
 class Module;
 }
@@ -24,6 +26,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 /// `w` ([out, in]) stored transposed when `linear` would hand it to oneDNN (float32 on the CPU with
 /// oneDNN's GEMM in the process); else `w` itself.
 at::Tensor gemm_layout(const at::Tensor& w);
+
+/// at::cat(weights, 0) in gemm_layout, written there directly (no concatenated copy in the usual
+/// layout first): the weights of linears that read the same input, fused (nn::fuse_linears).
+at::Tensor gemm_layout_cat(const std::vector<at::Tensor>& weights);
 
 /// Every nn::Linear of `module` (its own and its children's) in gemm_layout.
 void use_gemm_layout(torch::nn::Module& module);

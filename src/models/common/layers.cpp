@@ -7,6 +7,7 @@
 #include "models/common/cpu_linear.h"
 #include "models/common/quantized_linear.h"
 #include "models/common/tensor_utils.h"
+#include "models/common/winograd_conv.h"
 
 namespace fluxmpi::nn {
 
@@ -74,6 +75,9 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) const {
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
                   at::IntArrayRef padding) {
   const at::ScalarType dtype = x.scalar_type();
+  if (weight.dim() == 4 && weight.size(2) == 3 && weight.size(3) == 3 && stride.size() == 2 && stride[0] == 1 &&
+      stride[1] == 1 && padding.size() == 2 && padding[0] == 1 && padding[1] == 1 && winograd_applies(x, weight))
+    return winograd_conv3x3(x, weight, bias);
   if (x.is_cpu() && !cpu_conv_sums_in_fp32(dtype)) {
     const at::Tensor b = bias.defined() ? bias.to(at::kFloat) : bias;
     return at::conv2d(x.to(at::kFloat), weight.to(at::kFloat), b, stride, padding).to(dtype);
@@ -104,7 +108,7 @@ FusedLinear fuse_linears(const std::vector<Linear>& parts) {
   }
   if (with_bias) fused.bias = at::cat(bs, 0);
   if (quantized) fused.quantized = concat_quantized(qs);
-  else fused.weight = gemm_layout(at::cat(ws, 0));
+  else fused.weight = gemm_layout_cat(ws);
   int64_t offset = 0;
   for (const auto& l : parts) {
     if (!quantized) l->weight.set_data(fused.weight.narrow(0, offset, l->out_features));

@@ -84,7 +84,9 @@ class Conv2dImpl : public torch::nn::Module {
 TORCH_MODULE(Conv2d);
 
 /// at::conv2d, but on the CPU in a 16-bit dtype whose libtorch kernel would sum in that dtype
-/// (nn::cpu_conv_sums_in_fp32), computed in fp32 and rounded once to the input's dtype.
+/// (nn::cpu_conv_sums_in_fp32), computed in fp32 and rounded once to the input's dtype; and a 3x3
+/// convolution with stride and padding 1 of fp32 or bf16 input by Winograd's F(2x2, 3x3)
+/// where nn::winograd_applies (winograd_conv.h).
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, at::IntArrayRef stride,
                   at::IntArrayRef padding);
 

@@ -144,9 +144,11 @@ at::Tensor FluxTransformerImpl::forward(const TransformerInputs& in, const at::T
 }
 
 void FluxTransformerImpl::fuse_projections() {
-  nn::use_gemm_layout(*this);  // fp32 on the CPU: the weights as oneDNN's GEMM reads them (cpu_linear.h)
+  // The fused weights are written in the GEMM's layout directly; then the others are transposed
+  // (fp32 on the CPU: the weights as oneDNN's GEMM reads them, cpu_linear.h).
   for (auto& b : double_blocks) b->fuse();
   for (auto& b : single_blocks) b->fuse();
+  nn::use_gemm_layout(*this);
 }
 
 bool FluxTransformerImpl::owns_key(const std::string& key) const {

@@ -42,12 +42,11 @@ at::Tensor DecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) const 
     h = block->forward(h);
     if (trace) trace->up_blocks.push_back(h);
   }
-  h = group_norm(conv_norm_out_, h);
   if (trace) {
-    trace->conv_norm_out = h;
-    h = at::silu(h);
+    trace->conv_norm_out = group_norm(conv_norm_out_, h);
+    h = at::silu(trace->conv_norm_out);
   } else {
-    at::silu_(h);
+    h = group_norm_silu(conv_norm_out_, h);
   }
   return conv_out_->forward(h).contiguous();
 }

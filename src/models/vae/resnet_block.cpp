@@ -19,12 +19,10 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(int64_t in_channels, int64_t out_channels, 
 at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x) const {
   // x: [B, C_in, H, W]
   nn::check_shape(x, {-1, in_channels_, -1, -1}, "ResnetBlock2D input [B, C_in, H, W]");
-  // Each SiLU and the residual sum run in place on a tensor made here: at the VAE's large images
-  // a fresh tensor costs more in page faults than the arithmetic on it.
-  at::Tensor h = group_norm(norm1_, x);
-  h = conv1_->forward(at::silu_(h));
-  h = group_norm(norm2_, h);
-  h = conv2_->forward(at::silu_(h));
+  // Each SiLU runs with its group norm (norm.h) and the residual sum in place on a tensor made
+  // here: at the VAE's large images a fresh tensor costs more in page faults than the arithmetic.
+  at::Tensor h = conv1_->forward(group_norm_silu(norm1_, x));
+  h = conv2_->forward(group_norm_silu(norm2_, h));
   // diffusers divides by output_scale_factor, which is 1 in the VAE: x / 1 is x, so it is omitted.
   return h.add_(conv_shortcut_ ? conv_shortcut_->forward(x) : x);
 }

@@ -6,6 +6,7 @@
 
 #include "models/common/layers.h"
 #include "models/common/tensor_utils.h"
+#include "models/common/winograd_conv.h"
 
 namespace fluxmpi::vae {
 
@@ -33,6 +34,7 @@ at::Tensor upsample2x_conv3x3(const at::Tensor& x, const at::Tensor& weight, con
   // x: [B, C_in, H, W]
   const int64_t B = x.size(0), C = weight.size(0), H = x.size(2), W = x.size(3);
   nn::check_shape(x, {-1, weight.size(1), -1, -1}, "upsample conv input [B, C_in, H, W]");
+  if (nn::winograd_applies(x, weight)) return nn::winograd_upsample2x(x, weight, bias);
   // With padding 1 the 2x2 kernels' output (p, q) reads input rows p-1, p and columns q-1, q:
   // phase (a, b) of output pixel (2i + a, 2j + b) is y[(2a + b) * C + c, i + a, j + b].
   const int64_t stride[] = {1, 1}, padding[] = {1, 1};

@@ -8,6 +8,7 @@ install). It never downloads anything: every model is a local folder made by mak
                     --threads N --repeat R
   diffusers_side.py --path P job --model DIR --embeds CKPT.h5 --height H --width W --steps N --seed S
                     --guidance G --dtype fp32|bf16 --threads N --output OUT.png
+  diffusers_side.py --path P load --model DIR --dtype fp32|bf16 --threads N
   diffusers_side.py psnr A.png B.png
 
 Each measurement prints one line `peer-result {json}`.
@@ -113,6 +114,17 @@ def forward(args, mods):
            width=cfg.num_attention_heads * cfg.attention_head_dim, **versions(torch, diffusers))
 
 
+def load_pipeline(model, mods, dt):
+    """A FluxPipeline of the folder's transformer, VAE and scheduler, what FluxPipeline.from_pretrained
+    reads besides the text encoders (which cannot be loaded here: module docstring)."""
+    diffusers, AutoencoderKL, Scheduler, FluxTransformer2DModel, FluxPipeline = mods
+    return FluxPipeline(
+        scheduler=Scheduler.from_pretrained(model, subfolder="scheduler"),
+        vae=AutoencoderKL.from_pretrained(model, subfolder="vae", torch_dtype=dt),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+        transformer=FluxTransformer2DModel.from_pretrained(model, subfolder="transformer", torch_dtype=dt))
+
+
 def job(args, mods):
     import h5py
     import torch
@@ -124,11 +136,7 @@ def job(args, mods):
         prompt_embeds = torch.from_numpy(text["prompt_embeds"][()]).unsqueeze(0).to(dt)
         pooled = torch.from_numpy(text["pooled_prompt_embeds"][()]).unsqueeze(0).to(dt)
     t0 = time.perf_counter()
-    pipe = FluxPipeline(
-        scheduler=Scheduler.from_pretrained(args.model, subfolder="scheduler"),
-        vae=AutoencoderKL.from_pretrained(args.model, subfolder="vae", torch_dtype=dt),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-        transformer=FluxTransformer2DModel.from_pretrained(args.model, subfolder="transformer", torch_dtype=dt))
+    pipe = load_pipeline(args.model, mods, dt)
     pipe.set_progress_bar_config(disable=True)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -139,6 +147,35 @@ def job(args, mods):
     call_s = time.perf_counter() - t0
     image.save(args.output)
     report(kind="job", call_s=call_s, load_s=load_s, **versions(torch, diffusers))
+
+
+def process_start():
+    """time.time() of this process's start (/proc/self/stat field 22, clock ticks after boot): the
+    interpreter's own start-up counts, a wrapper that launched it (scripts/debian13.sh) does not."""
+    import os
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def load(args, mods, imported):
+    """From this process's start to a loaded FluxPipeline, and the peak RSS."""
+    import resource
+    import torch
+    diffusers, AutoencoderKL, Scheduler, FluxTransformer2DModel, FluxPipeline = mods
+    torch.set_num_threads(args.threads)
+    dt = torch_dtype(torch, args.dtype)
+    t0 = time.perf_counter()
+    pipe = load_pipeline(args.model, mods, dt)
+    load_s = time.perf_counter() - t0
+    ready = time.time()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = process_start()
+    report(kind="load", load_s=load_s, import_s=imported - start, ready_s=ready - start, peak_rss_bytes=peak,
+           **versions(torch, diffusers))
+    del pipe
 
 
 def psnr(args):
@@ -172,6 +209,10 @@ def main():
     j.add_argument("--seed", type=int, required=True)
     j.add_argument("--guidance", type=float, required=True)
     j.add_argument("--output", required=True)
+    lo = sub.add_parser("load")
+    lo.add_argument("--model", required=True)
+    lo.add_argument("--dtype", choices=("fp32", "bf16"), required=True)
+    lo.add_argument("--threads", type=int, required=True)
     s = sub.add_parser("psnr")
     s.add_argument("a")
     s.add_argument("b")
@@ -180,6 +221,9 @@ def main():
         psnr(args)
         return
     mods = import_diffusers(args.path)
+    if args.cmd == "load":
+        load(args, mods, time.time())
+        return
     (forward if args.cmd == "forward" else job)(args, mods)
 
 

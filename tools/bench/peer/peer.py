@@ -4,7 +4,7 @@ Standard library only; see docs/performance.md ("Against diffusers") for a run a
 
   tools/bench/peer/peer.py --diffusers DIR [--diffusers DIR2] [--build build] [--build-d13 build-debian13]
                            [--peer-python "scripts/debian13.sh python3"] [--work DIR] [--threads 2] [--quick]
-                           [--only forward|job|demo] [--dtype fp32|bf16] [--forward-model d512|d3072]
+                           [--only forward|job|demo|startup] [--dtype fp32|bf16] [--forward-model d512|d3072]
 
 --diffusers: folders that hold the `diffusers` and `huggingface_hub` packages (their source trees'
 src/ folders, or an install), put on the peer Python's path; nothing of theirs is in this repository.
@@ -30,7 +30,13 @@ on libtorch 2.6; the order reversed every other round), each process with --thre
      embeddings of the same tiny text encoders from a fluxmpi checkpoint (transformers is not
      packaged for Debian 13; see diffusers_side.py); the PSNR between the two PNGs shows that both
      did the same work;
-  3. the demo model's whole job at 1024², 28 steps (the default a user sees).
+  3. the demo model's whole job at 1024², 28 steps (the default a user sees);
+  4. start-up (--only startup; not in the default plan): from the launch to the first denoising step
+     of a 1-step 256² fluxmpi job (mpirun -np 1 and -np 2; the libtorch 2.6 build, run through
+     scripts/debian13.sh, from its process's start), against diffusers from its process's start to a
+     loaded pipeline (transformer, VAE, scheduler: its text encoders cannot be loaded here), for the
+     demo model and d3072; and each fluxmpi rank's peak RSS while loading against its slice of the
+     weights plus the largest transformer shard.
 --quick: forwards at 256² and 512² (d3072 at 256² only), jobs at 512² only, the demo at 4 steps;
 --smoke: tiny sizes, to check the setup (its numbers mean nothing).
 Prints one Markdown table (ratio = fluxmpi time / diffusers time; < 1: fluxmpi is faster) with the
@@ -183,6 +189,51 @@ def job_time(args, side, model, size, steps, dtype, embeds, png):
     return float(m.group(2)), ", ".join("%s %s" % (n, s) for n, s in stages)
 
 
+def startup_diffusers(args, model, dtype):
+    r = peer_result(run(peer_cmd(args, "load", "--model", model, "--dtype", dtype, "--threads", str(args.threads)),
+                        "diffusers load"), "diffusers load")
+    return r["ready_s"], "import %.2f s, from_pretrained %.2f s, peak RSS %.0f MiB" % (
+        r["import_s"], r["load_s"], r["peak_rss_bytes"] / 2 ** 20)
+
+
+def startup_fluxmpi(args, side, model, dtype, ranks, png):
+    """(seconds to the first denoising step, detail, [(rank, slice bytes, peak RSS while loading)])."""
+    cmd = fluxmpi_exe(side, "fluxmpi") + [
+        "--model", model, "--prompt", PROMPT, "--height", "256", "--width", "256", "--steps", "1", "--seed", str(SEED),
+        "--dtype", dtype, "--threads", str(max(1, args.threads // ranks)), "--max-sequence-length", str(TEXT_TOKENS),
+        "--log-level", "debug", "--no-progress", "--output", png]
+    if ranks > 1:
+        mpirun = ["mpirun", "-np", str(ranks), "--bind-to", "none", "--oversubscribe"] + \
+                 (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+        cmd = side.prefix + mpirun + cmd[len(side.prefix):]
+    launched = time.time()
+    out = run(cmd, side.name + " start-up")
+    m = re.search(r"first denoising step: [0-9.]+ s after the run began, ([0-9.]+) s after the process started "
+                  r"\(at ([0-9.]+) s since the epoch\)", out)
+    if not m:
+        fail("no first-step line from %s:\n%s" % (side.name, out[-4000:]))
+    # The native build: from the launch of mpirun (or of fluxmpi alone); through scripts/debian13.sh,
+    # from the process's start (the wrapper's own set-up is not fluxmpi's).
+    seconds = float(m.group(2)) + float(m.group(1)) - launched if not side.prefix else float(m.group(1))
+    stages = re.search(r"summary: (.*?) denoise", out)
+    before = re.search(r"summary: validate [0-9.]+ s \(peak ([0-9.]+) (\w+)\)", out)
+    base = to_bytes(before.group(1), before.group(2)) if before else 0.0
+    ranks_mem = []
+    for r in re.finditer(r"fluxmpi\[rank (\d+)/\d+\]: loaded blocks .*?: \d+ tensors, ([0-9.]+) (\w+) in .*?"
+                         r"peak RSS so far ([0-9.]+) (\w+)", out):
+        ranks_mem.append((int(r.group(1)), to_bytes(r.group(2), r.group(3)), to_bytes(r.group(4), r.group(5)), base))
+    return seconds, stages.group(1) if stages else "", sorted(ranks_mem)
+
+
+def to_bytes(number, unit):
+    return float(number) * {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}[unit]
+
+
+def largest_shard(model):
+    folder = os.path.join(model, "transformer")
+    return max(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
+
+
 def psnr(args, a, b):
     r = peer_result(run(peer_cmd(args, "psnr", a, b), "psnr"), "psnr")
     return r["psnr_db"]
@@ -224,7 +275,7 @@ def main():
                     help="only these dtypes (repeatable; default both), to re-measure some rows")
     ap.add_argument("--forward-model", choices=("d512", "d3072"), action="append",
                     help="only these models' forwards (repeatable; default both)")
-    ap.add_argument("--only", choices=("forward", "job", "demo"), action="append",
+    ap.add_argument("--only", choices=("forward", "job", "demo", "startup"), action="append",
                     help="run only these parts (repeatable)")
     args = ap.parse_args()
     os.chdir(REPO)
@@ -254,6 +305,8 @@ def main():
         wanted.add("d512")
     if "demo" in parts:
         wanted.add("demo")
+    if "startup" in parts:
+        wanted |= {"demo", "d3072"}
     models = make_models(args, work, sorted(wanted))
     lines = []
 
@@ -292,6 +345,8 @@ def main():
         jobs("d512", plan["job"], 4)
     if "demo" in parts:
         jobs("demo", [plan["demo"][0]], plan["demo"][1])
+    if "startup" in parts:
+        startup(args, sides, models, dtypes, work, emit)
 
     print()
     print("CPU: %s" % cpu_flags())
@@ -302,6 +357,39 @@ def main():
     print("threads %d per process; load average before %s, after %s; %.0f s" % (args.threads, load_before, loadavg(),
                                                                                  time.time() - start))
     print("command: %s" % " ".join(map(shlex.quote, sys.argv)))
+
+
+def startup(args, sides, models, dtypes, work, emit):
+    """Launch to the first denoising step against diffusers' launch to a loaded pipeline (see above)."""
+    for name in ("demo", "d3072"):
+        shard = largest_shard(models[name])
+        for dtype in dtypes:
+            runs = [("diffusers", sides[0], 1)] + [("%s, %d rank%s" % (s.name, n, "" if n == 1 else "s"), s, n)
+                                                  for s in sides[1:] for n in ((1, 2) if not s.prefix else (1,))]
+            best = {label: (float("inf"), "", []) for label, _, _ in runs}
+            for i in range(args.rounds):
+                for label, side, n in (runs if i % 2 == 0 else runs[::-1]):
+                    if side.name == "diffusers":
+                        t, detail = startup_diffusers(args, models[name], dtype)
+                        mem = []
+                    else:
+                        png = os.path.join(work, "startup-%s-%s.png" % (name, dtype))
+                        t, detail, mem = startup_fluxmpi(args, side, models[name], dtype, n, png)
+                    if t < best[label][0]:
+                        best[label] = (t, detail, mem)
+            ref = best["diffusers"][0]
+            for label, _, _ in runs[1:]:
+                t, detail, mem = best[label]
+                emit("| start-up, %s model, %s, %s | %.2f s | %.2f s | **%.2f** | %s |" % (
+                    "demo" if name == "demo" else "width-3072", dtype, label, ref, t, t / ref, detail))
+                # The process before loading (rank 0's peak while validating: libtorch, MPI, the
+                # tokenizers) is not weights; every rank is charged rank 0's.
+                for rank, slice_bytes, peak, base in mem:
+                    emit("|   rank %d while loading: peak RSS %.0f MiB = %.0f MiB before loading + %.0f MiB; slice %.0f MiB, "
+                         "largest shard %.0f MiB | | | %s | |" % (
+                             rank, peak / 2 ** 20, base / 2 ** 20, (peak - base) / 2 ** 20, slice_bytes / 2 ** 20,
+                             shard / 2 ** 20, "within" if peak - base <= slice_bytes + shard else "above"))
+            print("    diffusers: %s" % best["diffusers"][1], flush=True)
 
 
 def libtorch_version(side):

@@ -1,11 +1,14 @@
 // fluxmpi-bench-vae: the VAE decode of one latent, timed, and where its time goes.
 //
-//   fluxmpi-bench-vae --model DIR [--size 512] [--dtype fp32|bf16[,...]] [--threads N] [--repeat R]
-//                     [--profile]
+//   fluxmpi-bench-vae --model DIR [--size 512] [--dtype fp32|bf16[,...]] [--conv winograd|libtorch[,...]]
+//                     [--threads N] [--repeat R] [--profile]
 //
 // Loads the pipeline folder's VAE decoder (as the fluxmpi command does, in each run dtype) and
-// decodes a random latent of a --size x --size image: one warm-up, then R timed decodes per dtype,
-// the dtypes taking turns; prints the best time and the FLOP rate of the convolutions (the decoder's
+// decodes a random latent of a --size x --size image: one warm-up, then R timed decodes per dtype
+// and kernel set (--conv: winograd, the opt-in Winograd 3x3 convolutions and channels-last group
+// norm where they apply, off in fluxmpi by default; libtorch: at::conv2d and at::group_norm
+// throughout, as fluxmpi runs the decoder),
+// the configurations taking turns; prints the best time and the FLOP rate of the convolutions (the decoder's
 // FLOPs are counted from its config: the 3x3 and 1x1 convolutions at each level and the mid-block
 // attention). --profile adds one more decode with a per-operator table (time of each top-level
 // libtorch operator the decoder calls, with everything it calls; the thread that runs the decode).
@@ -23,6 +26,8 @@
 #include "core/error.h"
 #include "io/model_dir.h"
 #include "models/common/tensor_utils.h"
+#include "models/common/winograd_conv.h"
+#include "models/vae/norm.h"
 #include "models/vae/vae_decoder.h"
 #include "parallel/device.h"
 #include "../op_profile.h"
@@ -80,7 +85,7 @@ void print_profile(const OpProfile& p, double total, const char* dtype) {
 
 int main(int argc, char** argv) {
   try {
-    std::string model, dtype_list = "fp32";
+    std::string model, dtype_list = "fp32", conv_list = "winograd";
     int64_t size = 512;
     int threads = 1, repeat = 2;
     bool profile = false;
@@ -88,6 +93,8 @@ int main(int argc, char** argv) {
     opts.add_options()("model", po::value(&model), "pipeline folder (its vae/)")(
         "size", po::value(&size)->default_value(512), "image side in pixels")(
         "dtype", po::value(&dtype_list)->default_value("fp32"), "fp32 | bf16, or a comma list: the dtypes take turns")(
+        "conv", po::value(&conv_list)->default_value("winograd"),
+        "winograd | libtorch, or a comma list: fluxmpi's VAE kernels or libtorch's (each dtype with each)")(
         "threads", po::value(&threads)->default_value(1), "threads")(
         "repeat", po::value(&repeat)->default_value(2), "timed decodes per dtype after one warm-up; the best is kept")(
         "profile", po::bool_switch(&profile), "print where one decode's time goes, per operator");
@@ -113,24 +120,37 @@ int main(int argc, char** argv) {
 
     struct Run {
       at::ScalarType dtype;
+      bool winograd = true;
       vae::VaeDecoder vae{nullptr};
+      std::string label() const { return str_cat(nn::dtype_label(dtype), winograd ? " winograd" : " libtorch"); }
       double best_s = 1e30, best_cpu_s = 1e30, sys_s = 0, warmup_s = 0;
     };
     std::vector<Run> runs;
     {
+      std::vector<bool> convs;
+      std::stringstream cin(conv_list);
+      for (std::string c; std::getline(cin, c, ',');) {
+        if (c != "winograd" && c != "libtorch") throw UsageError(str_cat("--conv: '", c, "' is not winograd or libtorch"));
+        convs.push_back(c == "winograd");
+      }
       std::stringstream in(dtype_list);
-      for (std::string d; std::getline(in, d, ',');) runs.push_back({nn::parse_dtype(d)});
+      for (std::string d; std::getline(in, d, ',');)
+        for (bool w : convs) runs.push_back({nn::parse_dtype(d), w});
     }
     at::manual_seed(0);
     const at::Tensor z = at::randn({1, config.latent_channels, cells, cells});
     for (Run& r : runs) {
       r.vae = vae::load_vae_decoder(dir, r.dtype, at::kCPU);
+      nn::set_winograd(r.winograd);
+      vae::set_group_norm_nhwc(r.winograd);
       const auto t0 = Clock::now();
       r.vae->forward(z);
       r.warmup_s = seconds_since(t0);
     }
     for (int i = 0; i < repeat; ++i)
       for (Run& r : runs) {
+        nn::set_winograd(r.winograd);
+        vae::set_group_norm_nhwc(r.winograd);
         const auto t0 = Clock::now();
         const double c0 = cpu_seconds(), s0 = cpu_seconds(true);
         r.vae->forward(z);
@@ -142,18 +162,20 @@ int main(int argc, char** argv) {
       }
     for (const Run& r : runs)
       std::printf("%s: decode %.1f ms (warm-up %.1f ms), %.1f GFLOP/s; %.2f CPU s (%.2f s in the kernel)\n",
-                  nn::dtype_label(r.dtype), r.best_s * 1e3, r.warmup_s * 1e3, flops / r.best_s * 1e-9, r.best_cpu_s,
+                  r.label().c_str(), r.best_s * 1e3, r.warmup_s * 1e3, flops / r.best_s * 1e-9, r.best_cpu_s,
                   r.sys_s);
     std::fflush(stdout);
 
     if (profile)
       for (const Run& r : runs) {
+        nn::set_winograd(r.winograd);
+        vae::set_group_norm_nhwc(r.winograd);
         OpProfile p;
         const auto t0 = Clock::now();
         p.start();
         r.vae->forward(z);
         p.stop();
-        print_profile(p, seconds_since(t0), nn::dtype_label(r.dtype));
+        print_profile(p, seconds_since(t0), r.label().c_str());
       }
     return 0;
   } catch (const po::error& e) {

@@ -45,15 +45,19 @@ class Unit:
         return self.text + self.count
 
 
-def patch_ranges(rows, cols, patches):
-    """pipeline::patch_ranges: runs of whole token rows, the first rows % patches one row longer."""
+def patch_ranges(rows, cols, patches, text=0):
+    """pipeline::patch_ranges: runs of whole token rows holding equal tokens (patch 0's `text` text
+    tokens included) as far as the rows allow: patch p ends at the row nearest to (p + 1) / patches
+    of all tokens (ties: the later row), each patch at least one row."""
     if not 1 <= patches <= rows:
         raise ValueError("%d patches of %d token rows" % (patches, rows))
-    out, row = [], 0
+    total, out, row = rows * cols + text, [], 0
     for p in range(patches):
-        n = rows // patches + (1 if p < rows % patches else 0)
-        out.append((row * cols, n * cols))
-        row += n
+        image = max(0, (p + 1) * total - patches * text)
+        end = (2 * image + patches * cols) // (2 * patches * cols)
+        end = rows if p + 1 == patches else min(max(end, row + 1), rows - (patches - 1 - p))
+        out.append((row * cols, (end - row) * cols))
+        row = end
     return out
 
 
@@ -107,7 +111,7 @@ class Job:
         self.whole = [Unit(-1, text_tokens, 0, L)]
         self.patch_units = [] if patches <= 1 else [
             Unit(p, text_tokens if p == 0 else 0, first, count)
-            for p, (first, count) in enumerate(patch_ranges(self.rows, self.cols, patches))]
+            for p, (first, count) in enumerate(patch_ranges(self.rows, self.cols, patches, text_tokens))]
 
     @property
     def image_tokens(self):

@@ -205,7 +205,8 @@ class Model(unittest.TestCase):
         self.assertEqual(counts, [7] * 7 + [8])
 
     def test_patch_ranges_and_groups(self):
-        self.assertEqual(patch_ranges(16, 16, 3), [(0, 96), (96, 80), (176, 80)])
+        self.assertEqual(patch_ranges(16, 16, 3), [(0, 80), (80, 96), (176, 80)])
+        self.assertEqual(patch_ranges(32, 32, 4, 128), [(0, 160), (160, 288), (448, 288), (736, 288)])
         self.assertEqual([(g.first_image, g.count) for g in make_groups(5, 2)], [(0, 2), (2, 2), (4, 1)])
 
     def test_engine_checks_headers(self):
