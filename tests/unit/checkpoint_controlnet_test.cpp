@@ -27,15 +27,7 @@ Job controlnet_job() {
   return job;
 }
 
-ImageShape shape_of(const Job& job, int64_t i) {
-  return image_shape(stored_transformer_config(job.file.model_config, "config"), job.file, job.images[i], "img");
-}
 
-const DatasetSpec* find(const std::vector<DatasetSpec>& specs, const std::string& name) {
-  for (const DatasetSpec& s : specs)
-    if (s.name == name) return &s;
-  return nullptr;
-}
 
 TEST(CheckpointControlNet, DatasetsOfTheRuns) {
   const auto specs = dataset_specs(shape_of(controlnet_job(), 0));

@@ -35,15 +35,7 @@ Job redux_job() {
   return job;
 }
 
-ImageShape shape_of(const Job& job, int64_t i) {
-  return image_shape(stored_transformer_config(job.file.model_config, "config"), job.file, job.images[i], "img");
-}
 
-const DatasetSpec* find(const std::vector<DatasetSpec>& specs, const std::string& name) {
-  for (const DatasetSpec& s : specs)
-    if (s.name == name) return &s;
-  return nullptr;
-}
 
 TEST(CheckpointRedux, TheTextStreamGrowsByTheImageTokens) {
   const Job job = redux_job();
