@@ -131,6 +131,26 @@ Handle latest_format_fapl(Fault fault, const std::string& path) {
   return fapl;
 }
 
+// Linux copies a write() into the page cache one 4 KiB page at a time and stops between pages
+// when the process gets SIGKILL, so a metadata entry that straddles a page boundary can be left
+// half old, half new: its checksum then fails for every later reader, and --resume refuses the
+// file. The extendable datasets' object headers are rewritten at every step (H5Dset_extent), and
+// with HDF5's default file space some of them straddle a boundary in every job (which ones
+// depends on the job's datasets); a killed writer then left an unreadable checkpoint once in a
+// few hundred kills. Paged file space aggregation places every metadata entry smaller than a page
+// inside one page (docs/hdf5-format.md, "Why the file is paged"); a page of 4 KiB also lies
+// inside one page of any larger page size.
+constexpr hsize_t kFileSpacePage = 4096;
+
+Handle paged_fcpl(const std::string& path) {
+  Handle fcpl = h5::plist_handle(H5Pcreate(H5P_FILE_CREATE), Fault::Io, path);
+  h5::check_status(H5Pset_file_space_strategy(fcpl.get(), H5F_FSPACE_STRATEGY_PAGE, /*persist=*/false,
+                                              /*threshold=*/1),
+                   Fault::Io, path);
+  h5::check_status(H5Pset_file_space_page_size(fcpl.get(), kFileSpacePage), Fault::Io, path);
+  return fcpl;
+}
+
 }  // namespace
 
 struct CheckpointWriter::Impl {
@@ -356,8 +376,9 @@ CheckpointWriter CheckpointWriter::create(const std::string& path, const FileAtt
   // HDF5's file lock while the writer still needs it (H5Fcreate and H5Fstart_swmr_write lock).
   const std::string tmp = creation_name(path);
   Handle fapl = latest_format_fapl(Fault::Io, path);
+  Handle fcpl = paged_fcpl(path);
   fs::remove(tmp, ec);  // left by a killed creator whose process id this one now has
-  Handle f = h5::file_handle(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), Fault::Io,
+  Handle f = h5::file_handle(H5Fcreate(tmp.c_str(), H5F_ACC_EXCL, fcpl.get(), fapl.get()), Fault::Io,
                              str_cat(path, ": cannot create the checkpoint"));
   try {
     impl->lock.acquire(tmp);
