@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "models/common/cpu_gemm.h"
+#include "models/common/large_alloc.h"
 #include "models/common/layers.h"
 
 namespace fluxmpi::nn {
@@ -74,7 +75,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 
 at::Tensor gemm_layout(const at::Tensor& w) {
   if (!onednn_linear || !onednn_float(w) || w.dim() != 2 || in_gemm_layout(w)) return w;
-  at::Tensor t = at::empty({w.size(1), w.size(0)}, w.options());
+  at::Tensor t = empty_large({w.size(1), w.size(0)}, w.options());
   write_transposed(w, t.data_ptr<float>(), w.size(0), 0);
   return t.t();
 }
@@ -89,7 +90,7 @@ at::Tensor gemm_layout_cat(const std::vector<at::Tensor>& weights) {
     out += w.size(0);
   }
   if (!direct) return gemm_layout(at::cat(weights, 0));
-  at::Tensor t = at::empty({first.size(1), out}, first.options());
+  at::Tensor t = empty_large({first.size(1), out}, first.options());
   int64_t offset = 0;
   for (const at::Tensor& w : weights) {
     write_transposed(w, t.data_ptr<float>(), out, offset);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/common/large_alloc.h"
 #include "models/common/layers.h"
 #include "models/common/quantized_linear.h"
 #include "models/common/tensor_utils.h"
@@ -124,7 +125,7 @@ LoadStats load_module(torch::nn::Module& module, const io::TensorStore& store, c
       linear->second->set_quantized(std::move(w));
       return;
     }
-    at::Tensor value = at::empty(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
+    at::Tensor value = empty_large(param.sizes(), at::TensorOptions().dtype(dtype).device(device));
     if (rules.adjust.wants(name)) {
       // An fp32 run on the CPU merges in place; otherwise in an fp32 copy, then rounded once.
       at::Tensor merged = dtype == at::kFloat && device.is_cpu() ? value : at::empty(param.sizes(), at::kFloat);

@@ -1,0 +1,47 @@
+#include "models/common/large_alloc.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace fluxmpi::nn {
+namespace {
+
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+
+uintptr_t round_up(uintptr_t n, uintptr_t to) { return (n + to - 1) / to * to; }
+
+// FLUXMPI_HUGE_PAGES=0 turns the mappings off (for A/B benchmarks, tools/bench/load_ab.sh).
+bool mappings_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLUXMPI_HUGE_PAGES");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
+at::Tensor empty_large(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (!mappings_on() || !options.device().is_cpu() || options.layout() != at::kStrided) return at::empty(sizes, options);
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  if (bytes < kLargeTensorBytes) return at::empty(sizes, options);
+  // Over-map by one huge page, then trim both ends so that the mapping starts on a 2 MiB boundary.
+  const uintptr_t length = round_up(static_cast<uintptr_t>(bytes), kHugePage);
+  void* raw = mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return at::empty(sizes, options);  // its own out-of-memory error
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = round_up(start, kHugePage);
+  if (aligned > start) munmap(raw, aligned - start);
+  if (const uintptr_t tail = start + length + kHugePage - (aligned + length); tail > 0)
+    munmap(reinterpret_cast<void*>(aligned + length), tail);
+  void* data = reinterpret_cast<void*>(aligned);
+  madvise(data, length, MADV_HUGEPAGE);  // advice: where the kernel has no huge page, 4 KiB pages serve
+  return at::from_blob(data, sizes, [length](void* p) { munmap(p, length); }, options);
+}
+
+}  // namespace fluxmpi::nn
