@@ -8,6 +8,7 @@
 #include "app/root_run.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "models/common/block_reuse.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
 #include "parallel/device.h"
@@ -105,6 +106,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
     code = env.agree(code);
     if (code != kExitOk) return code;
     try {
+      nn::ReuseLargeBlocks reuse;  // the encoder's activations (models/common/block_reuse.h)
       stage->encode(env, root ? &root->prepared : nullptr, root ? &root->prompts : nullptr);
     } catch (const std::exception& e) {
       env.abort(report(e));
@@ -117,6 +119,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
   try {
     const pipeline::Family& family = pipeline::family_named(plan.family);
     if (rank == 0) {
+      nn::ReuseLargeBlocks reuse;  // the encoders' activations (models/common/block_reuse.h)
       PreparedRun& run = root->prepared;
       encode_prompts(*root, plan, device);
       if (run.inputs.encodes()) {
@@ -151,6 +154,7 @@ int run_fluxmpi(const std::vector<std::string>& args, parallel::MpiEnv& env) {
   // Phases 3 and 4: the pipelines denoise, the leaders decode. From here on a failure on any rank
   // aborts the whole job.
   try {
+    nn::ReuseLargeBlocks reuse;  // each step's activations, then the decoder's (models/common/block_reuse.h)
     run_pipelines(plan, env, root.get(), part, control, *stages, dtype, device, fault, start);
     return kExitOk;
   } catch (const std::exception& e) {

@@ -11,7 +11,15 @@
 // to the system at once instead of staying in the allocator's heap.
 #include <ATen/ATen.h>
 
+#include <cstddef>
+
 namespace fluxmpi::nn {
+
+// A mapping of `bytes` (rounded up to 2 MiB) that starts on a 2 MiB boundary, advised for huge
+// pages; nullptr when the mappings are off (FLUXMPI_HUGE_PAGES=0) or mmap fails. Give it back with
+// unmap_large and the same `bytes`.
+void* map_large(size_t bytes);
+void unmap_large(void* data, size_t bytes);
 
 // The smallest tensor, in bytes, that empty_large maps on its own.
 constexpr int64_t kLargeTensorBytes = int64_t{4} << 20;

@@ -8,7 +8,7 @@
 #include "core/log.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
-#include "models/vae/block_reuse.h"
+#include "models/common/block_reuse.h"
 
 namespace fluxmpi::vae {
 
@@ -25,7 +25,7 @@ at::Device VaeDecoderImpl::device() const { return parameters().front().device()
 at::Tensor VaeDecoderImpl::forward(const at::Tensor& z, DecoderTrace* trace) const {
   // z: [B, latent_channels, h, w]
   c10::InferenceMode guard;
-  ReuseLargeBlocks reuse;  // block_reuse.h: no page faults for each new activation
+  nn::ReuseLargeBlocks reuse;  // models/common/block_reuse.h: no page faults for each new activation
   nn::check_shape(z, {-1, config_.latent_channels, -1, -1}, "VAE decode input [B, latent_channels, h, w]");
   at::Tensor h = z.to(device(), dtype());
   if (post_quant_conv_) h = post_quant_conv_->forward(h);

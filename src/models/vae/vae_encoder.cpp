@@ -13,7 +13,7 @@
 #include "core/log.h"
 #include "models/common/loader.h"
 #include "models/common/tensor_utils.h"
-#include "models/vae/block_reuse.h"
+#include "models/common/block_reuse.h"
 #include "models/vae/vae_decoder.h"
 
 namespace fluxmpi::vae {
@@ -66,7 +66,7 @@ at::Device VaeEncoderImpl::device() const { return parameters().front().device()
 at::Tensor VaeEncoderImpl::moments(const at::Tensor& x, EncoderTrace* trace) const {
   // x: [B, in_channels, H, W]
   c10::InferenceMode guard;
-  ReuseLargeBlocks reuse;  // block_reuse.h: no page faults for each new activation
+  nn::ReuseLargeBlocks reuse;  // models/common/block_reuse.h: no page faults for each new activation
   nn::check_shape(x, {-1, config_.vae.in_channels, -1, -1}, "VAE encode input [B, in_channels, H, W]");
   at::Tensor h = encoder_->forward(x.to(device(), dtype()), trace);
   if (quant_conv_) h = quant_conv_->forward(h);

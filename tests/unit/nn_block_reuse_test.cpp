@@ -1,13 +1,13 @@
-// ReuseLargeBlocks (models/vae/block_reuse.h): large CPU tensors freed inside the scope are handed
+// ReuseLargeBlocks (models/common/block_reuse.h): large CPU tensors freed inside the scope are handed
 // out again, the process never keeps more than it had in use, and the scope leaves libtorch's
 // allocator as it found it.
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
-#include "models/vae/block_reuse.h"
+#include "models/common/block_reuse.h"
 
-namespace fluxmpi::vae {
+namespace fluxmpi::nn {
 namespace {
 
 const int64_t kLarge = static_cast<int64_t>(kMinReusedBytes / sizeof(float)) + 1024;  // floats
@@ -57,4 +57,4 @@ TEST(ReuseLargeBlocks, RestoresTheAllocatorWhenTheLastScopeCloses) {
 }
 
 }  // namespace
-}  // namespace fluxmpi::vae
+}  // namespace fluxmpi::nn

@@ -1,6 +1,8 @@
-// The allocator behind ReuseLargeBlocks (block_reuse.h): a libtorch CPU allocator over
-// c10::alloc_cpu / c10::free_cpu (libtorch's own aligned allocation) that keeps freed large blocks.
-#include "models/vae/block_reuse.h"
+// The allocator behind ReuseLargeBlocks (block_reuse.h): a libtorch CPU allocator that keeps freed
+// large blocks. The large blocks are huge-page mappings of their own (models/common/large_alloc.h),
+// so a block of a new size is faulted in 2 MiB at a time; the rest is c10::alloc_cpu /
+// c10::free_cpu (libtorch's own aligned allocation).
+#include "models/common/block_reuse.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -12,8 +14,11 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
-namespace fluxmpi::vae {
+#include "models/common/large_alloc.h"
+
+namespace fluxmpi::nn {
 
 namespace {
 
@@ -70,7 +75,9 @@ class BlockReuseAllocator final : public at::Allocator {
         // the scope opened.
         peak_ = std::max(peak_, live_ + bytes);
         while (!kept_.empty() && live_ + bytes + kept_bytes_ > peak_) release_largest();
-        data = c10::alloc_cpu(bytes);
+        data = map_large(bytes);
+        if (data == nullptr) data = c10::alloc_cpu(bytes);
+        else mapped_.insert(data);
       }
       live_ += bytes;
       sizes_[data] = bytes;
@@ -105,15 +112,23 @@ class BlockReuseAllocator final : public at::Allocator {
           kept_bytes_ += bytes;
           return;
         }
+        free_block(data, bytes);
+        return;
       }
     }
     c10::free_cpu(data);
   }
 
   // With mutex_ held.
+  void free_block(void* data, size_t bytes) const {
+    if (mapped_.erase(data) > 0) unmap_large(data, bytes);
+    else c10::free_cpu(data);
+  }
+
+  // With mutex_ held.
   void release_largest() const {
     const auto last = std::prev(kept_.end());
-    c10::free_cpu(last->second);
+    free_block(last->second, last->first);
     kept_bytes_ -= last->first;
     kept_.erase(last);
   }
@@ -121,6 +136,7 @@ class BlockReuseAllocator final : public at::Allocator {
   mutable std::mutex mutex_;
   mutable std::multimap<size_t, void*> kept_;        // freed blocks by size
   mutable std::unordered_map<void*, size_t> sizes_;  // blocks of kMinReusedBytes or more in use
+  mutable std::unordered_set<void*> mapped_;         // those of them (in use or kept) from map_large
   mutable size_t live_ = 0, kept_bytes_ = 0;         // bytes in sizes_, in kept_
   mutable size_t peak_ = 0;                          // the most live_ since the scope opened
   int scopes_ = 0;
@@ -134,4 +150,4 @@ ReuseLargeBlocks::ReuseLargeBlocks() { BlockReuseAllocator::instance().open(); }
 
 ReuseLargeBlocks::~ReuseLargeBlocks() { BlockReuseAllocator::instance().close(); }
 
-}  // namespace fluxmpi::vae
+}  // namespace fluxmpi::nn
