@@ -127,44 +127,43 @@ TEST_F(CpuLinear, EveryOtherCaseIsAtLinear) {
   EXPECT_TRUE(at::equal(off, at::linear(x, wl, b)));
 }
 
-// The VmFlags line of the mapping of /proc/self/smaps that starts at `start`; empty when none does.
-std::string mapping_flags(const void* start) {
+// The VmFlags line of the mapping of /proc/self/smaps that holds `address`; empty when none does.
+std::string mapping_flags(const void* address) {
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
   bool in = false;
-  const uintptr_t want = reinterpret_cast<uintptr_t>(start);
+  const uintptr_t want = reinterpret_cast<uintptr_t>(address);
   while (std::getline(smaps, line)) {
     uintptr_t begin = 0, end = 0;
     char dash = 0;
     std::istringstream range(line);
-    if (range >> std::hex >> begin >> dash >> end && dash == '-') in = begin == want;
+    if (range >> std::hex >> begin >> dash >> end && dash == '-') in = begin <= want && want < end;
     else if (in && line.rfind("VmFlags:", 0) == 0) return line;
   }
   return {};
 }
 
 TEST_F(CpuLinear, LargeTensorsHaveHugePageMappingsOfTheirOwn) {
-  const int64_t rows = 1024, cols = 1536;  // 6 MiB of floats: not a multiple of 4 MiB
+  const int64_t rows = 1024, cols = 1537;  // 6 MiB and 4 KiB of floats: not a multiple of 2 MiB
   at::Tensor w = empty_large({rows, cols}, at::kFloat);
   ASSERT_EQ(w.sizes(), (std::vector<int64_t>{rows, cols}));
   EXPECT_TRUE(w.is_contiguous());
   void* start = w.data_ptr();
   EXPECT_EQ(reinterpret_cast<uintptr_t>(start) % (uintptr_t{2} << 20), 0u);
   const std::string flags = mapping_flags(start);
-  ASSERT_FALSE(flags.empty()) << "no mapping starts at the tensor's data";
+  ASSERT_FALSE(flags.empty()) << "no mapping holds the tensor's data";
   EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;  // MADV_HUGEPAGE
   w.fill_(1.5f);  // every byte writable
   EXPECT_EQ(w.sum().item<double>(), 1.5 * rows * cols);
   // A weight laid out for the GEMM is such a tensor too.
   at::Tensor t = gemm_layout(w);
-  if (have_onednn()) EXPECT_FALSE(mapping_flags(t.data_ptr()).empty());
+  if (have_onednn()) EXPECT_NE(mapping_flags(t.data_ptr()).find(" hg"), std::string::npos);
   w.reset();
   EXPECT_TRUE(mapping_flags(start).empty()) << "the mapping outlived its tensor";
-  // Below 4 MiB, other dtypes' small tensors and bf16 alike: at::empty, in the allocator's heap.
-  at::Tensor small = empty_large({1024, 1023}, at::kFloat);
-  EXPECT_TRUE(mapping_flags(small.data_ptr()).empty() ||
-              reinterpret_cast<uintptr_t>(small.data_ptr()) % (uintptr_t{2} << 20) != 0);
-  at::Tensor half = empty_large({rows, cols * 2}, at::kBFloat16);
+  // Below kLargeTensorBytes: at::empty, in the allocator's heap.
+  at::Tensor small = empty_large({256, 1023}, at::kFloat);
+  EXPECT_EQ(mapping_flags(small.data_ptr()).find(" hg"), std::string::npos);
+  at::Tensor half = empty_large({rows, cols * 2}, at::kBFloat16);  // the size in bytes decides
   EXPECT_EQ(half.scalar_type(), at::kBFloat16);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(half.data_ptr()) % (uintptr_t{2} << 20), 0u);
 }

@@ -9,7 +9,7 @@
 namespace fluxmpi::nn {
 namespace {
 
-constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20, kPage = 4096;
 
 uintptr_t round_up(uintptr_t n, uintptr_t to) { return (n + to - 1) / to * to; }
 
@@ -27,7 +27,8 @@ bool mappings_on() {
 void* map_large(size_t bytes) {
   if (!mappings_on() || bytes == 0) return nullptr;
   // Over-map by one huge page, then trim both ends so that the mapping starts on a 2 MiB boundary.
-  const uintptr_t length = round_up(bytes, kHugePage);
+  // Its end need not be on one: the pages past the last 2 MiB boundary are 4 KiB pages.
+  const uintptr_t length = round_up(bytes, kPage);
   void* raw = mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
@@ -41,7 +42,7 @@ void* map_large(size_t bytes) {
 }
 
 void unmap_large(void* data, size_t bytes) {
-  if (data != nullptr) munmap(data, round_up(bytes, kHugePage));
+  if (data != nullptr) munmap(data, round_up(bytes, kPage));
 }
 
 at::Tensor empty_large(at::IntArrayRef sizes, const at::TensorOptions& options) {

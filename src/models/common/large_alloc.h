@@ -15,14 +15,16 @@
 
 namespace fluxmpi::nn {
 
-// A mapping of `bytes` (rounded up to 2 MiB) that starts on a 2 MiB boundary, advised for huge
+// A mapping of `bytes` (rounded up to 4 KiB) that starts on a 2 MiB boundary, advised for huge
 // pages; nullptr when the mappings are off (FLUXMPI_HUGE_PAGES=0) or mmap fails. Give it back with
 // unmap_large and the same `bytes`.
 void* map_large(size_t bytes);
 void unmap_large(void* data, size_t bytes);
 
-// The smallest tensor, in bytes, that empty_large maps on its own.
-constexpr int64_t kLargeTensorBytes = int64_t{4} << 20;
+// The smallest tensor, in bytes, that empty_large maps on its own. Smaller ones stay in malloc's heap; from 1 MiB on, a weight's own mapping also keeps the heap
+// from holding the memory of the weights freed while loading (the fp32 copies that the GEMM
+// layout replaces), which glibc would otherwise keep for later (docs/performance.md, "Huge pages").
+constexpr int64_t kLargeTensorBytes = int64_t{1} << 20;
 
 // An uninitialised tensor: on the CPU and of kLargeTensorBytes or more, in its own huge-page
 // mapping; otherwise (or if the mapping fails, or FLUXMPI_HUGE_PAGES=0) at::empty.

@@ -94,7 +94,7 @@ std::shared_ptr<QuantizedWeight> copy_quantized(const io::TensorView& view) {
   const int64_t row = static_cast<int64_t>(e.num_bytes()) / std::max<int64_t>(rows, 1);
   auto w = std::make_shared<QuantizedWeight>();
   w->in_features = e.shape.back();
-  at::Tensor bytes = at::empty({rows, row}, at::kByte);
+  at::Tensor bytes = empty_large({rows, row}, at::kByte);  // huge pages, as the dense weights
   uint8_t* out = bytes.data_ptr<uint8_t>();
   for (const auto& p : view.pieces) {
     std::memcpy(out, p.data(), p.num_bytes());
