@@ -12,7 +12,7 @@ from /work/peer as tools/fixtures/gguf_fixtures.py says): a pipeline folder of t
 tiny-flux-dev's encoders and VAE with the model's transformer config, the transformer in the
 original key layout as bf16 safetensors, Q8_0 GGUF and Q4_K GGUF (city96's storage choices). Each
 row reports the median over the rounds: fluxmpi's denoise time / steps (its summary line), the peak
-RSS of every rank (/usr/bin/time), and for diffusers the transformer forward per step at the same
+RSS of every rank (its own VmHWM lines), and for diffusers the transformer forward per step at the same
 token counts (its from_single_file(GGUFQuantizationConfig(compute_dtype=bfloat16)) model) and its
 process's peak RSS. The header names the CPU flags and the load average.
 """
@@ -73,10 +73,10 @@ save_file(t, {json.dumps(os.path.join(d, "bf16.safetensors"))})
 
 def fluxmpi_row(build, d, weights, ranks, threads, steps, size):
     exe = os.path.join(os.path.abspath(build), "fluxmpi")
-    args = ["/usr/bin/time", "-f", "rank-peak-rss-kib %M", exe, "--model", os.path.join(d, "pipeline"), "--transformer",
+    args = [exe, "--model", os.path.join(d, "pipeline"), "--transformer",
             os.path.join(d, weights), "--prompt", "a cat", "--steps", str(steps), "--height", str(size), "--width", str(size),
             "--max-sequence-length", "128", "--dtype", "bf16", "--threads", str(threads), "--seed", "1", "--no-progress",
-            "-o", os.path.join(d, "out.png")]
+            "--log-level", "debug", "-o", os.path.join(d, "out.png")]
     if ranks > 1:
         args = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + args
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -84,8 +84,17 @@ def fluxmpi_row(build, d, weights, ranks, threads, steps, size):
     m = re.search(r"denoise ([0-9.]+) s", r.stdout)
     if r.returncode != 0 or not m:
         sys.exit(f"gguf_bench: fluxmpi failed ({weights}, {ranks} ranks):\n{r.stdout[-3000:]}")
-    rss = [int(x) * 1024 for x in re.findall(r"rank-peak-rss-kib (\d+)", r.stdout)]
+    # Each rank's own VmHWM: rank 0's summary line, the others' "denoised in" lines. (/usr/bin/time's
+    # %M, the child's ru_maxrss, read 235 MiB for a job whose VmHWM was 368 MiB on this machine.)
+    rss = [to_bytes(m.group(1), m.group(2)) for m in re.finditer(r"peak RSS of rank 0 ([0-9.]+) (\w+)", r.stdout)]
+    rss += [to_bytes(m.group(1), m.group(2)) for m in re.finditer(r"denoised in .*?; peak RSS ([0-9.]+) (\w+)", r.stdout)]
+    if len(rss) != ranks:
+        sys.exit(f"gguf_bench: {len(rss)} peak RSS lines for {ranks} ranks ({weights}):\n{r.stdout[-3000:]}")
     return float(m.group(1)) / steps, rss
+
+
+def to_bytes(number, unit):
+    return float(number) * {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}[unit]
 
 
 PEER_SCRIPT = r'''
@@ -112,7 +121,8 @@ with torch.no_grad():
     for _ in range(STEPS):
         m(**x)
     dt = (time.perf_counter() - t) / STEPS
-print("peer-result", json.dumps({"step_s": dt, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print("peer-result", json.dumps({"step_s": dt, "peak_rss": hwm * 1024}))
 '''
 
 
