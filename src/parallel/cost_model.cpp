@@ -69,8 +69,8 @@ StageEstimate CostModel::estimate(int rank, int64_t first, int64_t last) const {
   e.flops_share = e.step_flops / total_flops_;
   e.activation_bytes = activation_bytes_;
   // Rank 0 keeps its slice while it decodes: later images are still in the pipeline then.
-  const uint64_t resident =
-      kRuntimeBaselineBytes + e.weight_bytes + (rank == 0 && r_.keep_encoders ? encoder_weight_bytes_ : 0);
+  const uint64_t resident = (rank == 0 ? kRuntimeBaselineBytes : kWorkerRuntimeBaselineBytes) + e.weight_bytes +
+                            (rank == 0 && r_.keep_encoders ? encoder_weight_bytes_ : 0);
   e.kv_cache_bytes = static_cast<uint64_t>(last - first + 1) * r_.kv_cache_block_bytes;
   e.residual_bytes = controlnet_.denoise_bytes(rank, first, last);
   // The ControlNets are freed with the slice, before the decode.
