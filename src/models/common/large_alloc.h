@@ -21,9 +21,10 @@ namespace fluxmpi::nn {
 void* map_large(size_t bytes);
 void unmap_large(void* data, size_t bytes);
 
-// The smallest tensor, in bytes, that empty_large maps on its own. Smaller ones stay in malloc's heap; from 1 MiB on, a weight's own mapping also keeps the heap
-// from holding the memory of the weights freed while loading (the fp32 copies that the GEMM
-// layout replaces), which glibc would otherwise keep for later (docs/performance.md, "Huge pages").
+// The smallest tensor, in bytes, that empty_large maps on its own; smaller ones stay in malloc's
+// heap. From 1 MiB on, a weight's own mapping also keeps the heap from holding the memory of the
+// weights freed while loading (the fp32 copies that the GEMM layout replaces), which glibc would
+// otherwise keep for later (docs/performance.md, "Huge pages").
 constexpr int64_t kLargeTensorBytes = int64_t{1} << 20;
 
 // An uninitialised tensor: on the CPU and of kLargeTensorBytes or more, in its own huge-page
