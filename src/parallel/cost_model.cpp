@@ -5,6 +5,7 @@
 
 #include "models/common/quantized_linear.h"
 #include "parallel/param_formulas.h"
+#include "parallel/runtime_baseline.h"
 
 namespace fluxmpi::parallel::detail {
 

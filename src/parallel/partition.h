@@ -53,11 +53,6 @@ int64_t count_vae_decoder_params(const io::VaeConfig& config);
 /// 1-32 threads; tests/mpi/env_test.cpp checks it stays below), plus room for the HDF5, ICU and
 /// sentencepiece libraries of the full program.
 inline constexpr uint64_t kRuntimeBaselineBytes = 256ull << 20;
-/// The same for a rank after rank 0 in its denoising stage: no tokenizers (ICU, sentencepiece),
-/// no checkpoint writer or PNG. Measured 153-172 MiB before loading (libtorch 1.13, Open MPI 4.1;
-/// docs/performance.md, "ControlNet: memory against the plan"), about 15 MiB more on libtorch 2.6;
-/// tests/mpi/env_test.cpp checks that a fresh process stays below it.
-inline constexpr uint64_t kWorkerRuntimeBaselineBytes = 208ull << 20;
 /// [L, D] activations alive at once inside a block's forward: input/residual, normalised input,
 /// q, k, v, rotated q and k, attention output.
 inline constexpr int64_t kStreamTensors = 8;

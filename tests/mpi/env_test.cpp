@@ -13,6 +13,7 @@
 #include "core/units.h"
 #include "parallel/device.h"
 #include "parallel/partition.h"
+#include "parallel/runtime_baseline.h"
 #include "mpi_test_main.h"
 
 namespace fluxmpi::parallel {
