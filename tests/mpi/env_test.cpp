@@ -35,8 +35,8 @@ TEST(RuntimeBaseline, CoversAFreshProcess) {
   EXPECT_LE(rss, kRuntimeBaselineBytes) << "kRuntimeBaselineBytes (src/parallel/partition.h) is below a measured "
                                         << format_bytes(rss);
   // What a rank after rank 0 holds before its blocks (no tokenizers or writers loaded yet here).
-  EXPECT_LE(rss, kWorkerRuntimeBaselineBytes) << "kWorkerRuntimeBaselineBytes (src/parallel/partition.h) is below a "
-                                              << "measured " << format_bytes(rss);
+  EXPECT_LE(rss, kWorkerRuntimeBaselineBytes)
+      << "kWorkerRuntimeBaselineBytes (src/parallel/runtime_baseline.h) is below a measured " << format_bytes(rss);
   env().barrier();
 }
 

@@ -18,6 +18,9 @@ process's peak RSS. The header names the CPU flags and the load average.
 """
 import argparse, json, os, re, statistics, subprocess, sys, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import to_bytes  # noqa: E402  (tools/bench/bench.py)
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PEER = "/work/peer"
 PYPATH = ":".join([f"{PEER}/gguf-py", f"{PEER}/diffusers-0.40.0/src", f"{PEER}/huggingface_hub-1.28.0/src",
@@ -91,10 +94,6 @@ def fluxmpi_row(build, d, weights, ranks, threads, steps, size):
     if len(rss) != ranks:
         sys.exit(f"gguf_bench: {len(rss)} peak RSS lines for {ranks} ranks ({weights}):\n{r.stdout[-3000:]}")
     return float(m.group(1)) / steps, rss
-
-
-def to_bytes(number, unit):
-    return float(number) * {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}[unit]
 
 
 PEER_SCRIPT = r'''

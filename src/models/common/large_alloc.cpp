@@ -47,9 +47,7 @@ void unmap_large(void* data, size_t bytes) {
 
 at::Tensor empty_large(at::IntArrayRef sizes, const at::TensorOptions& options) {
   if (!options.device().is_cpu() || options.layout() != at::kStrided) return at::empty(sizes, options);
-  int64_t numel = 1;
-  for (int64_t s : sizes) numel *= s;
-  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  const int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
   if (bytes < kLargeTensorBytes) return at::empty(sizes, options);
   void* data = map_large(static_cast<size_t>(bytes));
   if (data == nullptr) return at::empty(sizes, options);  // off, or its own out-of-memory error
