@@ -1,8 +1,13 @@
 // The allocator behind ReuseLargeBlocks (block_reuse.h): a libtorch CPU allocator that keeps freed
 // large blocks. The large blocks are huge-page mappings of their own (models/common/large_alloc.h),
 // so a block of a new size is faulted in 2 MiB at a time; the rest is c10::alloc_cpu /
-// c10::free_cpu (libtorch's own aligned allocation).
+// c10::free_cpu (libtorch's own aligned allocation), from a malloc heap that is held while a scope
+// is open (hold_heap below).
 #include "models/common/block_reuse.h"
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -11,6 +16,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -21,6 +27,31 @@
 namespace fluxmpi::nn {
 
 namespace {
+
+// The malloc heap while a scope is open. glibc gives the free top of its heap back to the system
+// once it passes the trim threshold, which its dynamic rule sets to twice the largest block it has
+// seen freed; an exact transformer step frees more than that between two blocks, so each step
+// faulted its activations in again (24 000 page faults a step at 512², a tenth of the step in
+// kernel time: docs/performance.md, "Page faults and the patches' own cost"). Inside a scope the
+// heap is not trimmed, so a step reuses the pages of the last; requests of kMinReusedBytes or more
+// are mapped (this allocator's blocks; the rest of the process's), near where glibc's dynamic
+// threshold settles for the sizes seen here. When the last scope closes, malloc_trim gives the
+// held pages back and the trim threshold becomes what glibc's rule gives for that mmap threshold
+// (once set, glibc keeps both fixed: its dynamic rule does not resume).
+void hold_heap(bool hold) {
+#if defined(__GLIBC__)
+  static_assert(kMinReusedBytes <= (size_t{32} << 20), "glibc refuses an mmap threshold above 32 MiB");
+  if (hold) {
+    mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMinReusedBytes));
+    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  } else {
+    malloc_trim(0);
+    mallopt(M_TRIM_THRESHOLD, static_cast<int>(2 * kMinReusedBytes));
+  }
+#else
+  (void)hold;
+#endif
+}
 
 // libtorch 2.3 made Allocator::allocate non-const and added the pure copy_data.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -41,6 +72,7 @@ class BlockReuseAllocator final : public at::Allocator {
   void open() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (scopes_++ > 0) return;
+    hold_heap(true);
     previous_ = c10::GetCPUAllocator();
     c10::SetCPUAllocator(this, /*priority=*/0);
     installed_ = c10::GetCPUAllocator() == this;  // a higher-priority allocator stays in place
@@ -53,6 +85,7 @@ class BlockReuseAllocator final : public at::Allocator {
     if (installed_) c10::SetCPUAllocator(previous_, /*priority=*/0);
     installed_ = false;
     while (!kept_.empty()) release_largest();
+    hold_heap(false);
   }
 
   at::DataPtr allocate(size_t bytes) FLUXMPI_ALLOCATE_CONST override {

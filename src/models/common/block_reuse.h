@@ -11,7 +11,9 @@
 /// than the most it has had in use at once since the scope opened: before it takes a new block
 /// from the system it returns kept ones (the largest first) until that holds. Blocks of a size not
 /// seen before are still new pages (each level of the decoder is larger than the last), faulted in
-/// 2 MiB at a time.
+/// 2 MiB at a time. Smaller blocks come from malloc, whose heap (with glibc) is not trimmed while a
+/// scope is open, so each step's activations reuse the last step's pages; the last scope to close
+/// gives the held pages back (malloc_trim).
 
 #include <cstddef>
 
