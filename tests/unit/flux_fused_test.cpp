@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
@@ -326,6 +328,67 @@ TEST(FluxFused, ReferenceTokensTravelWithTheFirstWindow) {
       test::expect_close(std::string("values after the windows, ") + nn::dtype_label(dt), windows_kv.v, exact_kv.v, 1e-6);
     }
   }
+}
+
+// make_kv_cache keeps the keys transposed and the values heads-first where the tiled attention
+// runs (CPU fp32, bf16), so that it reads them in place. The same numbers as the sequence-first
+// layout: every window's output, through the fused path (fp32, bf16) and through the operator
+// path (rope_attention, FLUX.2's; fp32), and the caches' keys and values at the end, bit for bit,
+// with reference tokens in the first window (KvCache::tail).
+TEST(FluxFused, HeadsFirstCachesGiveTheSameBits) {
+  c10::InferenceMode guard;
+  const int64_t D = 32, H = 2, Dh = 16, S = 6, L = 12, R = 6, N = S + L + R;
+  const RopeTables rope =
+      rope_tables(at::cat({text_position_ids(S), image_position_ids(6, 8), reference_position_ids(4, 6)}, 0), {4, 6, 6});
+  EXPECT_FALSE(make_kv_cache(1, N, H, Dh, at::TensorOptions().dtype(at::kDouble)).heads_first)
+      << "fp64 runs the math path: sequence-first";
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(14);
+  const at::Tensor x = at::randn({1, N, D}, gen, at::kDouble), x2 = at::randn({1, N, D}, gen, at::kDouble);
+  const at::Tensor temb = at::randn({1, D}, gen, at::kDouble);
+  struct Window {
+    int64_t offset, count, tail;  // first sequence row, rows there, reference rows at the end
+  };
+  const std::vector<Window> windows = {{0, S + 4, R}, {S + 4, 4, 0}, {S + 8, 4, 0}};
+  const auto rows = [&](const at::Tensor& t, const Window& w, int64_t dim) {
+    const at::Tensor head = t.narrow(dim, w.offset, w.count);
+    return w.tail == 0 ? head : at::cat({head, t.narrow(dim, S + L, w.tail)}, dim);
+  };
+  // An exact call filling the cache, then the windows; every output and the cache's contents.
+  const auto run = [&](const std::function<at::Tensor(const at::Tensor&, const RopeTables&, KvCache*)>& call, KvCache kv,
+                       at::ScalarType dt) {
+    std::vector<at::Tensor> out = {call(x.to(dt), rope, &kv)};
+    for (const Window& w : windows) {
+      kv.offset = w.offset;
+      kv.tail = w.tail;
+      out.push_back(call(rows(x2, w, 1).to(dt), RopeTables{rows(rope.cos, w, 0), rows(rope.sin, w, 0)}, &kv));
+    }
+    out.insert(out.end(), {kv.keys().contiguous().flatten(), kv.values().contiguous().flatten()});
+    return out;
+  };
+  const auto compare = [&](const std::string& what, const std::function<at::Tensor(const at::Tensor&, const RopeTables&, KvCache*)>& call,
+                           at::ScalarType dt) {
+    const auto o = at::TensorOptions().dtype(dt);
+    KvCache first = make_kv_cache(1, N, H, Dh, o);
+    ASSERT_TRUE(first.heads_first) << what;
+    const std::vector<at::Tensor> heads = run(call, first, dt);
+    const std::vector<at::Tensor> sequence = run(call, KvCache{at::zeros({1, N, H, Dh}, o), at::zeros({1, N, H, Dh}, o)}, dt);
+    for (size_t i = 0; i < heads.size(); ++i)
+      EXPECT_TRUE(test::identical(what + ", output " + std::to_string(i), heads[i], sequence[i]));
+  };
+  SingleBlock block(D, H, Dh);
+  nn::fill_random(*block, 15);
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    nn::cast_parameters(*block, dt);
+    block->fuse();
+    const at::Tensor t = temb.to(dt);
+    compare(std::string("single block, ") + nn::dtype_label(dt),
+            [&](const at::Tensor& in, const RopeTables& r, KvCache* kv) { return block->forward(in, t, r, kv); }, dt);
+  }
+  // The operator path: q, k, v [B, n, H, Dh] made from the window's input (D = H * Dh).
+  compare("rope_attention, fp32", [&](const at::Tensor& in, const RopeTables& r, KvCache* kv) {
+    const at::Tensor heads = in.view({1, in.size(1), H, Dh});
+    return rope_attention(heads, 0.5 * heads, heads - 1, r, kv);
+  }, at::kFloat);
 }
 
 }  // namespace

@@ -100,8 +100,10 @@ at::Tensor attention_via(AttentionPath path, const at::Tensor& q, const at::Tens
     auto rows = [](const at::Tensor& t) {
       return t.stride(3) != 1 || (t.size(2) > 1 && t.stride(2) < t.size(3)) ? t.contiguous() : t;
     };
+    // Keys already in the kernel's transposed layout (a heads-first KV cache) are read in place.
+    const at::Tensor keys = keys_transposed(k) ? k : rows(k);
     at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-    tiled_attention_into(rows(q), rows(k), rows(v), out, s, bias, causal);
+    tiled_attention_into(rows(q), keys, rows(v), out, s, bias, causal);
     return out;
   }
   return chunked_math_attention(q, k, v, bias, s, causal);

@@ -30,10 +30,16 @@ inline constexpr int64_t kTileKeys = 512;
 /// Whether tiled_attention_into() handles tensors like `q`: CPU, fp32 or bf16.
 bool tiled_attention_applies(const at::Tensor& q);
 
+/// Whether keys k [B, H, Lk, Dh] are a view of contiguous [B, H, Dh, Lk] ones: the tiled kernel's
+/// own layout of the keys (flux::KvCache's heads-first layout).
+bool keys_transposed(const at::Tensor& k);
+
 /// out = softmax(q k^T * scale + bias) v, with `causal` masking key j > query i (the top-left
 /// alignment of nn::attention). q: [B, H, Lq, Dh], k: [B, H, Lk, Dh], v: [B, H, Lk, Dv],
 /// out: [B, H, Lq, Dv], all of one dtype (fp32 or bf16) with any strides and a unit last stride
-/// (e.g. [B, L, H, Dh] buffers seen through transpose(1, 2)); `bias` (any float dtype) must
+/// (e.g. [B, L, H, Dh] buffers seen through transpose(1, 2)), or, for k, a transposed view of
+/// contiguous [B, H, Dh, Lk] keys (keys_transposed), which the kernel reads in place instead of
+/// copying them into that layout; `bias` (any float dtype) must
 /// broadcast to [B, H, Lq, Lk]. Lk > 0. A row whose every score is -inf comes out NaN, as
 /// softmax gives it.
 void tiled_attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,

@@ -58,15 +58,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FluxAttentionImpl::project(const 
   return {q, k, v.view({B, N, heads, head_dim})};
 }
 
+KvCache make_kv_cache(int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, const at::TensorOptions& options) {
+  KvCache c;
+  c.heads_first = nn::default_attention_path(at::empty({0}, options)) == nn::AttentionPath::Tiled;
+  if (c.heads_first) {
+    c.k = at::empty({batch, heads, head_dim, rows}, options);
+    c.v = at::empty({batch, heads, rows, head_dim}, options);
+  } else {
+    c.k = at::empty({batch, rows, heads, head_dim}, options);
+    c.v = at::empty_like(c.k);
+  }
+  return c;
+}
+
 namespace {
 
 // A call of N tokens fits the cache: its rows [offset, offset + N - tail) before the sequence's
-// last `tail` rows.
+// last `tail` rows; the cache's tensors are [B, H, N, Dh] in one of its layouts.
 void check_window(const KvCache& kv, int64_t N) {
-  const int64_t Ntot = kv.k.size(1);
+  const int64_t Ntot = kv.rows();
   FLUX_CHECK(kv.tail >= 0 && kv.tail <= N && kv.offset >= 0 && kv.offset + (N - kv.tail) <= Ntot - kv.tail,
              "KV cache window [", kv.offset, ", ", kv.offset + N - kv.tail, ") + the last ", kv.tail, " rows outside its ",
              Ntot, " rows");
+  const at::Tensor keys = kv.keys(), values = kv.values();
+  FLUX_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes() && kv.k.is_contiguous() && kv.v.is_contiguous(),
+             "KV cache: contiguous k and v holding [B, H, N, Dh] (", kv.heads_first ? "heads first" : "sequence first",
+             "), got k ", nn::shape_string(kv.k.sizes()), ", v ", nn::shape_string(kv.v.sizes()));
 }
 
 }  // namespace
@@ -78,56 +95,60 @@ at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   at::Tensor qr = apply_rope(q, rope).transpose(1, 2);
   at::Tensor kr = apply_rope(k, rope);
   at::Tensor vr = v;
+  at::Tensor keys = kr.transpose(1, 2), values = vr.transpose(1, 2);  // [B, H, N, Dh]
   if (kv != nullptr) {
     check_window(*kv, N);
     // This call's own rows first: the window attends to its fresh keys, never to stale ones.
-    const int64_t head = N - kv->tail, Ntot = kv->k.size(1);
-    kv->k.narrow(1, kv->offset, head).copy_(kr.narrow(1, 0, head));
-    kv->v.narrow(1, kv->offset, head).copy_(v.narrow(1, 0, head));
+    const int64_t head = N - kv->tail, Ntot = kv->rows();
+    const at::Tensor cached_keys = kv->keys(), cached_values = kv->values();
+    cached_keys.narrow(2, kv->offset, head).copy_(keys.narrow(2, 0, head));
+    cached_values.narrow(2, kv->offset, head).copy_(values.narrow(2, 0, head));
     if (kv->tail > 0) {
-      kv->k.narrow(1, Ntot - kv->tail, kv->tail).copy_(kr.narrow(1, head, kv->tail));
-      kv->v.narrow(1, Ntot - kv->tail, kv->tail).copy_(v.narrow(1, head, kv->tail));
+      cached_keys.narrow(2, Ntot - kv->tail, kv->tail).copy_(keys.narrow(2, head, kv->tail));
+      cached_values.narrow(2, Ntot - kv->tail, kv->tail).copy_(values.narrow(2, head, kv->tail));
     }
     // A window attends to the whole sequence; the whole sequence (an exact step filling the
     // cache) attends to its own tensors, exactly as without a cache.
-    if (N < kv->k.size(1)) {
-      kr = kv->k;
-      vr = kv->v;
+    if (N < Ntot) {
+      keys = cached_keys;
+      values = cached_values;
     }
   }
-  at::Tensor out = nn::attention(qr, kr.transpose(1, 2), vr.transpose(1, 2));  // [B, H, N, Dh]
+  at::Tensor out = nn::attention(qr, keys, values);  // [B, H, N, Dh]
   return out.transpose(1, 2).reshape({B, N, H * Dh}).to(q.scalar_type());
 }
 
 namespace {
 
-// The attention of the fused CPU path. q: this call's N tokens, [B, H, N, Dh]. k, v: the keys and
-// values of the whole sequence, [B, Ntot, H, Dh]: the KV cache's tensors when there is one (this
-// call's rows written at its offset, the other rows as earlier calls left them), else buffers of
-// this call's own (Ntot = N). The same layout either way, so a whole-sequence call gives the
-// same bits with and without a cache.
+// The attention of the fused CPU path. q: this call's N tokens, [B, H, N, Dh]. keys, values: the
+// keys and values of the whole sequence as [B, H, Ntot, Dh] views: the KV cache's tensors when
+// there is one (this call's rows written at its offset, the other rows as earlier calls left
+// them), else buffers of this call's own (Ntot = N) in the tiled kernel's layout (keys
+// transposed, as a heads-first cache). The same numbers whatever the layout, so a whole-sequence
+// call gives the same bits with and without a cache.
 struct JointQkv {
-  at::Tensor q, k, v;
+  at::Tensor q, keys, values;
+  bool keys_transposed = true;  // keys' storage is [B, H, Dh, Ntot]: a call's rows go through a buffer
   int64_t offset = 0;
   int64_t head = 0;      // the call's rows before its tail (KvCache::tail)
   int64_t tail_row = 0;  // where the tail goes in the sequence
   JointQkv(int64_t B, int64_t H, int64_t N, int64_t Dh, const at::TensorOptions& o, KvCache* kv)
       : q(at::empty({B, H, N, Dh}, o)), head(N), tail_row(N) {
     if (kv == nullptr) {
-      k = at::empty({B, N, H, Dh}, o);
-      v = at::empty({B, N, H, Dh}, o);
+      keys = at::empty({B, H, Dh, N}, o).transpose(2, 3);
+      values = at::empty({B, H, N, Dh}, o);
       return;
     }
     check_window(*kv, N);
-    nn::check_shape(kv->k, {B, -1, H, Dh}, "KV cache k [B, Ntot, H, Dh]");
-    FLUX_CHECK(kv->k.is_contiguous() && kv->v.sizes() == kv->k.sizes() && kv->v.is_contiguous() &&
-                   kv->k.scalar_type() == q.scalar_type() && kv->v.scalar_type() == q.scalar_type(),
-               "KV cache: contiguous k and v [B, Ntot, H, Dh] of the run dtype");
-    k = kv->k;
-    v = kv->v;
+    keys = kv->keys();
+    values = kv->values();
+    nn::check_shape(keys, {B, H, -1, Dh}, "KV cache keys [B, H, Ntot, Dh]");
+    FLUX_CHECK(kv->k.scalar_type() == q.scalar_type() && kv->v.scalar_type() == q.scalar_type(),
+               "KV cache: k and v of the run dtype");
+    keys_transposed = kv->heads_first;
     offset = kv->offset;
     head = N - kv->tail;
-    tail_row = kv->k.size(1) - kv->tail;
+    tail_row = kv->rows() - kv->tail;
   }
   // This call's rows row0 .. row0 + n of one stream: qs, ks, vs [B, n, H, Dh] (slices of a
   // projection), normalised with nq / nk, rotated with the rope tables' rows row0 ...; keys and
@@ -140,16 +161,23 @@ struct JointQkv {
     for (auto [first, count, seq] : {std::tuple<int64_t, int64_t, int64_t>{0, split, offset + row0},
                                      {split, n - split, tail_row + row0 + split - head}}) {
       if (count == 0) continue;
-      fused::rms_norm_rope_into(ks.narrow(1, first, count), nk->weight, nk->eps, rope, row0 + first,
-                                k.narrow(1, seq, count).transpose(1, 2));
-      v.narrow(1, seq, count).copy_(vs.narrow(1, first, count));
+      const at::Tensor rows = keys.narrow(2, seq, count);
+      if (keys_transposed) {
+        // The kernel writes rows of Dh: into a buffer of this call's rows, then transposed.
+        at::Tensor rotated = at::empty({q.size(0), q.size(1), count, q.size(3)}, q.options());
+        fused::rms_norm_rope_into(ks.narrow(1, first, count), nk->weight, nk->eps, rope, row0 + first, rotated);
+        rows.copy_(rotated);
+      } else {
+        fused::rms_norm_rope_into(ks.narrow(1, first, count), nk->weight, nk->eps, rope, row0 + first, rows);
+      }
+      values.narrow(2, seq, count).copy_(vs.narrow(1, first, count).transpose(1, 2));
     }
   }
-  // The attention of this call's queries over every row of k, v into out [B, N, H*Dh] (any row
-  // stride, unit last stride).
+  // The attention of this call's queries over every row of keys, values into out [B, N, H*Dh]
+  // (any row stride, unit last stride).
   void attend_into(const at::Tensor& out) const {
     const int64_t B = q.size(0), H = q.size(1), N = q.size(2), Dh = q.size(3);
-    nn::tiled_attention_into(q, k.transpose(1, 2), v.transpose(1, 2), out.view({B, N, H, Dh}).transpose(1, 2),
+    nn::tiled_attention_into(q, keys, values, out.view({B, N, H, Dh}).transpose(1, 2),
                              1.0 / std::sqrt(static_cast<double>(Dh)));
   }
 };

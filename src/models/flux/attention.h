@@ -32,14 +32,32 @@ namespace fluxmpi::flux {
 /// `tail` tokens are the sequence's last `tail` rows instead (reference tokens, which follow the
 /// image tokens, travelling with the first patch): its tokens are the rows [offset, offset + n -
 /// tail) and [N - tail, N).
+///
+/// Two layouts hold the same numbers. The sequence-first one, k and v [B, N, H, Dh], is the
+/// reference. With `heads_first` (make_kv_cache's choice where the tiled CPU attention runs) the
+/// keys are kept transposed, [B, H, Dh, N], and the values [B, H, N, Dh]: the tiled kernel's own
+/// operands, which it then reads in place; from the sequence-first layout it copies every row of
+/// both at each call, which for a patch's call is every patch's rows (docs/performance.md,
+/// "Patch pipelining's own cost").
 struct KvCache {
-  at::Tensor k;        ///< [B, N, H, Dh], RoPE applied
-  at::Tensor v;        ///< [B, N, H, Dh]
+  at::Tensor k;        ///< [B, N, H, Dh], RoPE applied; heads_first: [B, H, Dh, N]
+  at::Tensor v;        ///< [B, N, H, Dh]; heads_first: [B, H, N, Dh]
   int64_t offset = 0;  ///< position of the current call's first token in the sequence
   int64_t tail = 0;    ///< the current call's last tokens that are the sequence's last rows
   /// The block's modulation vectors (AdaNorm::chunks; a double block has two AdaNorms).
   ModulationCache modulation[2];
+  bool heads_first = false;  ///< the layout (above)
+
+  /// N, the rows of the sequence.
+  int64_t rows() const { return heads_first ? k.size(3) : k.size(1); }
+  /// The keys and the values as [B, H, N, Dh] views, whatever the layout.
+  at::Tensor keys() const { return heads_first ? k.transpose(2, 3) : k.transpose(1, 2); }
+  at::Tensor values() const { return heads_first ? v : v.transpose(1, 2); }
 };
+
+/// An uninitialised cache of `rows` rows: heads-first where the attention of a query of `options`
+/// runs the tiled CPU kernel (CPU fp32 and bf16), else sequence-first.
+KvCache make_kv_cache(int64_t batch, int64_t rows, int64_t heads, int64_t head_dim, const at::TensorOptions& options);
 
 class FluxAttentionImpl : public torch::nn::Module {
  public:

@@ -137,8 +137,7 @@ std::vector<at::Tensor> FluxControlNetImpl::run_blocks(StreamState& s, const Rop
 std::vector<KvCache> FluxControlNetImpl::kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const {
   std::vector<KvCache> caches(double_blocks.size() + single_blocks.size());
   for (KvCache& c : caches) {
-    c.k = at::empty({batch, tokens, config_.num_attention_heads, config_.attention_head_dim}, options);
-    c.v = at::empty_like(c.k);
+    c = make_kv_cache(batch, tokens, config_.num_attention_heads, config_.attention_head_dim, options);
   }
   return caches;
 }

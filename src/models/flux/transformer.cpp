@@ -118,8 +118,7 @@ void FluxTransformerImpl::run_blocks(StreamState& s, const RopeTables& rope, con
 std::vector<KvCache> FluxTransformerImpl::kv_caches(int64_t batch, int64_t tokens, const at::TensorOptions& options) const {
   std::vector<KvCache> caches(double_blocks.size() + single_blocks.size());
   for (KvCache& c : caches) {
-    c.k = at::empty({batch, tokens, config_.num_attention_heads, config_.attention_head_dim}, options);
-    c.v = at::empty_like(c.k);
+    c = make_kv_cache(batch, tokens, config_.num_attention_heads, config_.attention_head_dim, options);
   }
   return caches;
 }

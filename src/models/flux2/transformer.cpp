@@ -141,8 +141,7 @@ std::vector<flux::KvCache> Flux2TransformerImpl::kv_caches(int64_t batch, int64_
                                                            const at::TensorOptions& options) const {
   std::vector<flux::KvCache> caches(double_blocks.size() + single_blocks.size());
   for (flux::KvCache& c : caches) {
-    c.k = at::empty({batch, tokens, config_.num_attention_heads, config_.attention_head_dim}, options);
-    c.v = at::empty_like(c.k);
+    c = flux::make_kv_cache(batch, tokens, config_.num_attention_heads, config_.attention_head_dim, options);
   }
   return caches;
 }
