@@ -13,7 +13,7 @@
 // forward, GFLOP/s, the share of the matmul peak and the peak memory. Several dtypes take turns
 // in one process, and the matmul and the forward alternate, so that a slow spell of a shared
 // machine hits all alike; each keeps its best time. --profile adds a table of where one forward's
-// time goes, per libtorch operator (the operators called by fluxmpi's code, each with everything
+// (and with --patches, one pipelined step's) time goes, per libtorch operator (the operators called by fluxmpi's code, each with everything
 // it calls), from RecordFunction callbacks in an extra forward that is not timed. --patches P
 // also times one pipelined step of P patches as `fluxmpi --patches P` runs it on one rank (each
 // patch embedded, through every block with the key/value caches an exact step filled, then the
@@ -41,6 +41,7 @@
 #include "io/json_config.h"
 #include "io/model_dir.h"
 #include "models/common/attention.h"
+#include "models/common/block_reuse.h"
 #include "models/common/cpu_linear.h"
 #include "models/common/tensor_utils.h"
 #include "models/flux/latents.h"
@@ -258,6 +259,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(g.width), device_name.c_str(), threads);
     std::fflush(stdout);
 
+    // Activations come from the allocator of fluxmpi's denoising loop (app/runner.cpp).
+    nn::ReuseLargeBlocks reuse;
     // Each dtype's model and inputs, built one after the other (peak memory per dtype is the
     // weights of every dtype built so far plus one forward's activations).
     struct Run {
@@ -363,6 +366,18 @@ int main(int argc, char** argv) {
         std::printf("\n%s: one profiled forward, %.1f ms (%.1f ms in operators); per top-level operator:\n",
                     nn::dtype_label(r.dtype), total * 1e3, p.counted() * 1e3);
         p.print_table(total);
+        if (!r.patched) continue;
+        r.patched->fill_caches(0.75);
+        synchronize(device);
+        const auto q0 = Clock::now();
+        p.start();
+        r.patched->run(0.7);
+        synchronize(device);
+        p.stop();
+        const double step = seconds_since(q0);
+        std::printf("\n%s: one profiled patched step (%lld patches), %.1f ms (%.1f ms in operators):\n",
+                    nn::dtype_label(r.dtype), static_cast<long long>(patches), step * 1e3, p.counted() * 1e3);
+        p.print_table(step);
       }
     }
     return 0;
