@@ -13,8 +13,9 @@
 // forward, GFLOP/s, the share of the matmul peak and the peak memory. Several dtypes take turns
 // in one process, and the matmul and the forward alternate, so that a slow spell of a shared
 // machine hits all alike; each keeps its best time. --profile adds a table of where one forward's
-// (and with --patches, one pipelined step's) time goes, per libtorch operator (the operators called by fluxmpi's code, each with everything
-// it calls), from RecordFunction callbacks in an extra forward that is not timed. --patches P
+// time goes (with --patches, also one pipelined step's), per libtorch operator (the operators
+// called by fluxmpi's code, each with everything it calls), from RecordFunction callbacks in an
+// extra forward that is not timed. --patches P
 // also times one pipelined step of P patches as `fluxmpi --patches P` runs it on one rank (each
 // patch embedded, through every block with the key/value caches an exact step filled, then the
 // final layer; a new timestep each time, so the modulation is computed once per step): the unit
