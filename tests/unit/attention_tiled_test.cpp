@@ -147,35 +147,13 @@ TEST(TiledAttention, StridedViewsInAndOut) {
   }
 }
 
-// Keys given as a view of contiguous [B, H, Dh, Lk] ones (a heads-first KV cache, flux::KvCache)
-// are read in place, without the copy into that layout: the same bits as the same keys in
-// [B, H, Lk, Dh], through tiled_attention_into and through nn::attention, which must not copy them
-// back to unit-stride rows first.
-TEST(TiledAttention, TransposedKeysAreReadInPlaceWithTheSameBits) {
-  c10::InferenceMode guard;
-  at::manual_seed(6);
-  const int64_t B = 1, H = 3, Lk = 600, Dh = 32;
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    const at::Tensor k = (2 * at::randn({B, H, Lk, Dh})).to(dtype), v = at::randn({B, H, Lk, Dh}).to(dtype);
-    const at::Tensor kt = k.transpose(2, 3).contiguous();  // [B, H, Dh, Lk]
-    ASSERT_TRUE(keys_transposed(kt.transpose(2, 3)));
-    ASSERT_FALSE(keys_transposed(k));
-    for (int64_t Lq : {int64_t{1}, kTileQueries + 5, Lk}) {
-      const at::Tensor q = (2 * at::randn({B, H, Lq, Dh})).to(dtype);
-      const std::string what = std::string(at::toString(dtype)) + " Lq " + std::to_string(Lq);
-      const at::Tensor rows = tiled(q, k, v, {}, 0.2, false);
-      EXPECT_TRUE(test::identical("transposed keys, " + what, tiled(q, kt.transpose(2, 3), v, {}, 0.2, false), rows));
-      EXPECT_TRUE(test::identical("nn::attention, transposed keys, " + what,
-                                  attention_via(AttentionPath::Tiled, q, kt.transpose(2, 3), v, {}, 0.2), rows));
-    }
-  }
-}
-
 // Keys and values whose rows are spread over a wider matrix ([B, L, H, Dh] seen as [B, H, L, Dh],
 // as the FLUX blocks pass them) are gathered into one run of memory when more than one query block
 // reads them: the same bits as the same keys and values made contiguous, with one query block and
-// with several (1, 2 and 3 blocks of kTileQueries).
-TEST(TiledAttention, GatheredKeysAndValuesGiveTheSameBits) {
+// with several (1, 2 and 3 blocks of kTileQueries). Keys given as a view of contiguous
+// [B, H, Dh, Lk] ones (a heads-first flux::KvCache) are read in place, without the copy into that
+// layout: the same bits again, through tiled_attention_into and through nn::attention.
+TEST(TiledAttention, KeyAndValueLayoutsGiveTheSameBits) {
   c10::InferenceMode guard;
   at::manual_seed(5);
   const int64_t B = 1, H = 4, Lk = 700, Dh = 32;
@@ -185,7 +163,16 @@ TEST(TiledAttention, GatheredKeysAndValuesGiveTheSameBits) {
       const at::Tensor q = (2 * at::randn({B, H, Lq, Dh})).to(dtype);
       const at::Tensor spread = tiled(q, kc.transpose(1, 2), vc.transpose(1, 2), {}, 0.2, false);
       const at::Tensor packed = tiled(q, kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous(), {}, 0.2, false);
-      EXPECT_TRUE(test::identical(std::string("gathered ") + at::toString(dtype) + " Lq " + std::to_string(Lq), spread, packed));
+      const std::string what = std::string(at::toString(dtype)) + " Lq " + std::to_string(Lq);
+      EXPECT_TRUE(test::identical("gathered " + what, spread, packed));
+      const at::Tensor kt = kc.permute({0, 2, 3, 1}).contiguous();  // [B, H, Dh, Lk]
+      ASSERT_TRUE(keys_transposed(kt.transpose(2, 3)));
+      ASSERT_FALSE(keys_transposed(kc.transpose(1, 2)));
+      EXPECT_TRUE(test::identical("transposed keys " + what, tiled(q, kt.transpose(2, 3), vc.transpose(1, 2), {}, 0.2, false),
+                                  packed));
+      EXPECT_TRUE(test::identical("nn::attention, transposed keys " + what,
+                                  attention_via(AttentionPath::Tiled, q, kt.transpose(2, 3), vc.transpose(1, 2), {}, 0.2),
+                                  packed));
     }
   }
 }
