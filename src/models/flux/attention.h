@@ -38,7 +38,7 @@ namespace fluxmpi::flux {
 /// keys are kept transposed, [B, H, Dh, N], and the values [B, H, N, Dh]: the tiled kernel's own
 /// operands, which it then reads in place; from the sequence-first layout it copies every row of
 /// both at each call, which for a patch's call is every patch's rows (docs/performance.md,
-/// "Patch pipelining's own cost").
+/// "Page faults and the patches' own cost").
 struct KvCache {
   at::Tensor k;        ///< [B, N, H, Dh], RoPE applied; heads_first: [B, H, Dh, N]
   at::Tensor v;        ///< [B, N, H, Dh]; heads_first: [B, H, N, Dh]
