@@ -93,9 +93,7 @@ at::Tensor rope_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   // q, k, v: [B, N, H, Dh]
   const int64_t B = q.size(0), N = q.size(1), H = q.size(2), Dh = q.size(3);
   at::Tensor qr = apply_rope(q, rope).transpose(1, 2);
-  at::Tensor kr = apply_rope(k, rope);
-  at::Tensor vr = v;
-  at::Tensor keys = kr.transpose(1, 2), values = vr.transpose(1, 2);  // [B, H, N, Dh]
+  at::Tensor keys = apply_rope(k, rope).transpose(1, 2), values = v.transpose(1, 2);  // [B, H, N, Dh]
   if (kv != nullptr) {
     check_window(*kv, N);
     // This call's own rows first: the window attends to its fresh keys, never to stale ones.
@@ -128,7 +126,6 @@ namespace {
 // call gives the same bits with and without a cache.
 struct JointQkv {
   at::Tensor q, keys, values;
-  bool keys_transposed = true;  // keys' storage is [B, H, Dh, Ntot]: a call's rows go through a buffer
   int64_t offset = 0;
   int64_t head = 0;      // the call's rows before its tail (KvCache::tail)
   int64_t tail_row = 0;  // where the tail goes in the sequence
@@ -145,7 +142,6 @@ struct JointQkv {
     nn::check_shape(keys, {B, H, -1, Dh}, "KV cache keys [B, H, Ntot, Dh]");
     FLUX_CHECK(kv->k.scalar_type() == q.scalar_type() && kv->v.scalar_type() == q.scalar_type(),
                "KV cache: k and v of the run dtype");
-    keys_transposed = kv->heads_first;
     offset = kv->offset;
     head = N - kv->tail;
     tail_row = kv->rows() - kv->tail;
@@ -162,8 +158,9 @@ struct JointQkv {
                                      {split, n - split, tail_row + row0 + split - head}}) {
       if (count == 0) continue;
       const at::Tensor rows = keys.narrow(2, seq, count);
-      if (keys_transposed) {
-        // The kernel writes rows of Dh: into a buffer of this call's rows, then transposed.
+      if (nn::keys_transposed(keys)) {
+        // Keys stored [B, H, Dh, Ntot]; the kernel writes rows of Dh: into a buffer of this call's
+        // rows, then transposed.
         at::Tensor rotated = at::empty({q.size(0), q.size(1), count, q.size(3)}, q.options());
         fused::rms_norm_rope_into(ks.narrow(1, first, count), nk->weight, nk->eps, rope, row0 + first, rotated);
         rows.copy_(rotated);
