@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "mpi_test_main.h"
 
@@ -16,17 +17,21 @@ const parallel::MpiEnv* g_env = nullptr;
 class RankFailurePrinter : public testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The test's name is kept when it starts: OnTestPartResult runs under GoogleTest's own lock,
+  // which UnitTest::current_test_info() would take again (a deadlock, not a report).
+  void OnTestStart(const testing::TestInfo& info) override {
+    test_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
   void OnTestPartResult(const testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s failed at %s:%d\n%s\n", rank_, info ? info->test_suite_name() : "?",
-                 info ? info->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.message());
+    std::fprintf(stderr, "[rank %d] %s failed at %s:%d\n%s\n", rank_, test_.empty() ? "?" : test_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
     std::fflush(stderr);
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 
 }  // namespace
