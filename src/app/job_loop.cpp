@@ -1,5 +1,7 @@
 #include "app/job_loop.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -152,6 +154,8 @@ void run_pipelines(const RunPlan& plan, const parallel::MpiEnv& env, RootRun* ro
   pipeline::DenoiseSetup setup = setup_of(plan, dtype, device, fault);
   setup.first_world_rank = layout.leader_of_pipeline(layout.pipeline_of(rank));
   setup.control = pipeline::family_named(plan.family).control_routing(io::ModelDir(plan.sources), plan);
+  // A rank's warm-up while it waits must not take cores that rank 0 computes on.
+  setup.warm_up_while_waiting = device.is_cuda() || env.local_size() * at::get_num_threads() <= env.node_cpus();
   std::unique_ptr<parallel::Messenger> messenger;
   if (layout.stages() > 1) messenger = std::make_unique<parallel::Messenger>(comms.pipeline);
 

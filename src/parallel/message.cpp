@@ -374,6 +374,14 @@ MessageHeader Messenger::recv_header(int source) {
   return decode_header(words, world_rank(source), world_rank(comm_.rank()));
 }
 
+bool Messenger::arrived(int source) const {
+  FLUX_CHECK(source >= 0 && source < comm_.size(), "probe rank ", source, " of ", comm_.size());
+  int flag = 0;
+  check_mpi(MPI_Iprobe(source, kHeaderTag, comm_.handle().comm, &flag, MPI_STATUS_IGNORE),
+            str_cat("MPI_Iprobe (header from rank ", world_rank(source), ")"));
+  return flag != 0;
+}
+
 void Messenger::recv_payload(int source, const MessageHeader& header, std::vector<at::Tensor>& buffers) {
   FLUX_CHECK(buffers.size() == header.tensors.size(), "payload of ", header.describe(), " into ", buffers.size(), " buffers");
   for (size_t i = 0; i < buffers.size(); ++i) {

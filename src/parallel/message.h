@@ -179,6 +179,9 @@ class Messenger {
   /// shapes (contiguous; InternalError otherwise). The caller checks the header before it takes
   /// the payload.
   MessageHeader recv_header(int source);
+  /// Whether the next message from `source` has arrived (never blocks; receives nothing). Only
+  /// between receives from `source`: a pending recv_header would take the message first.
+  bool arrived(int source) const;
   void recv_payload(int source, const MessageHeader& header, std::vector<at::Tensor>& buffers);
   /// A header from any member, if one has arrived (never blocks); its payload must be taken with
   /// recv_payload before the next poll. Keeps one receive posted between calls.

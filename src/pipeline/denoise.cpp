@@ -3,9 +3,12 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace fluxmpi::pipeline {
 
@@ -182,6 +185,7 @@ class Worker {
       group_of[setup_.groups[gi].first_image] = gi;
     }
     const int from = rank_ - 1;
+    if (setup_.warm_up_while_waiting) warm_up(from);
     for (;;) {
       const parallel::MessageHeader header = messenger_->recv_header(from);
       if (header.tag.kind == MessageKind::End) {
@@ -225,6 +229,41 @@ class Worker {
       }
     }
     messenger_->wait_all();
+  }
+
+  // Ranks 1..S-1, before their first message: this rank's blocks once, on zeros shaped like the
+  // first unit it will receive (an exact step: every group starts with one), the result dropped
+  // and no cache written. What a first call costs on top of a step (the activations' first pages,
+  // the kernels' first calls; on a GPU its libraries' set-up) is then paid while rank 0 loads,
+  // encodes and runs its part of that exact step, instead of after it, where rank 0 would wait
+  // for it (docs/performance.md, "The warm-up step's first-call costs"). It stops after the block
+  // during which the first message arrives.
+  void warm_up(int from) {
+    struct Arrived {};
+    const auto first = std::find_if(setup_.groups.begin(), setup_.groups.end(),
+                                    [&](const WorkGroup& w) { return w.start_step < setup_.steps; });
+    if (first == setup_.groups.end()) return;  // a resumed job with no step left
+    const WorkGroup& g = *first;
+    const std::vector<Unit> us = units(g, g.start_step);
+    const Unit& u = us.front();
+    if (u.patch >= 0 || messenger_->arrived(from)) return;
+    std::vector<at::Tensor> buffers = state_buffers(g, u);
+    for (at::Tensor& b : buffers) b.zero_();
+    flux::StreamState s = state_of(buffers, u);
+    int64_t blocks = 0;
+    bool stopped = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      part_.run_blocks(s, rope_, [&](const std::string&, const flux::StreamState&) {
+        ++blocks;
+        if (messenger_->arrived(from)) throw Arrived{};
+      });
+    } catch (const Arrived&) {
+      stopped = true;
+    }
+    log::debug("ran ", blocks, " block(s) on zeros while waiting for the first message",
+               stopped ? ", stopped when it came" : "", " (",
+               std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 100) / 100, " s)");
   }
 
   // Rank 0: embeds, runs its blocks, and applies the scheduler; the groups in flight are visited

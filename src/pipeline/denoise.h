@@ -112,6 +112,9 @@ struct DenoiseSetup {
   /// The world rank of this pipeline's rank 0: faults name world ranks (0 with one pipeline).
   int first_world_rank = 0;
   ControlRouting control;  ///< ControlNet residuals (none by default)
+  /// Ranks 1..S-1 run their blocks once on zeros while they wait for their first message
+  /// (Worker::warm_up in denoise.cpp): for ranks with cores of their own or a GPU, not sharing rank 0's.
+  bool warm_up_while_waiting = false;
 
   int64_t image_tokens() const { return (latent_height / 2) * (latent_width / 2); }
   int64_t reference_tokens() const {

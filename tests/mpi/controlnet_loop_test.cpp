@@ -55,35 +55,15 @@ struct Scenario {
   int64_t patches = 1;
 };
 
-// The part of the whole model (seed 4) that `blocks` holds: the whole model's parameters by name.
-flux::FluxTransformer part_of(const flux::FluxTransformer& whole, const parallel::StageBlocks& blocks, bool first, bool last) {
-  flux::FluxTransformer part(whole->config(), flux::TransformerPart{blocks.first, blocks.last + 1, first, last});
-  auto all = whole->named_parameters(true);
-  for (auto& p : part->named_parameters(true)) p.value().set_data(all[p.key()].clone());
-  part->fuse_projections();
-  return part;
-}
-
 // Final latents of every group after the loop over `P` ranks of `world` (P = 1: this process alone).
 std::vector<at::Tensor> run(const Scenario& sc, const parallel::Communicator* world, int rank, int P) {
   c10::InferenceMode guard;
   const io::TransformerConfig tc = test::tiny_loop_transformer();
-  flux::FluxTransformer whole(tc, flux::TransformerPart::whole(tc));
-  nn::fill_random(*whole, 4);
-  parallel::PlanRequest request;
-  request.transformer = tc;
-  request.world_size = P;
-  const parallel::StagePlan plan = parallel::StagePlan::make(request);
-  flux::FluxTransformer part = part_of(whole, plan.blocks(rank), rank == 0, rank == P - 1);
+  const test::TinyLoopPart tiny = test::tiny_loop_part(rank, P);
+  const parallel::StagePlan& plan = tiny.plan;
+  const flux::FluxTransformer& part = tiny.part;
 
-  DenoiseSetup setup;
-  setup.steps = 4;
-  setup.text_tokens = 5;
-  setup.latent_height = 4;
-  setup.latent_width = 6;
-  setup.passes = sc.passes;
-  setup.patches = sc.patches;
-  setup.groups = {WorkGroup{0, 1, 0}, WorkGroup{1, 1, 0}};
+  DenoiseSetup setup = test::two_group_setup(sc.passes, sc.patches);
   std::vector<flux::FluxControlNet> nets;
   for (const NetSpec& n : sc.nets) {
     flux::FluxControlNet net(n.config);
@@ -98,20 +78,9 @@ std::vector<at::Tensor> run(const Scenario& sc, const parallel::Communicator* wo
   if (P > 1) messenger.emplace(*world);
   RootState root;
   if (rank == 0) {
-    io::SchedulerConfig scheduler;
-    scheduler.use_dynamic_shifting = true;
-    root.schedule = sched::flux_schedule(scheduler, setup.steps, setup.image_tokens());
-    root.guidance = 3.5;
-    root.true_cfg_scale = 2.5;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99);
+    root = test::random_root(setup, tc, gen);
     for (size_t g = 0; g < setup.groups.size(); ++g) {
-      GroupInputs in;
-      in.latents = at::randn({1, setup.image_tokens(), tc.in_channels}, gen);
-      in.text = at::randn({1, setup.text_tokens, tc.joint_attention_dim}, gen);
-      in.pooled = at::randn({1, tc.pooled_projection_dim}, gen);
-      in.neg_text = at::randn({1, setup.text_tokens, tc.joint_attention_dim}, gen);
-      in.neg_pooled = at::randn({1, tc.pooled_projection_dim}, gen);
-      root.groups.push_back(in);
       std::vector<at::Tensor> controls;
       for (size_t k = 0; k < sc.runs.size(); ++k) controls.push_back(at::randn({1, setup.image_tokens(), 64}, gen));
       control.set_group(g, controls);

@@ -40,7 +40,8 @@ struct StreamState {
   bool is_joint() const { return joint.defined(); }
 };
 
-/// Called after every block with its name ("double_block_3", "single_block_0") — for tests.
+/// Called after every block with its name ("double_block_3", "single_block_0"): for tests, and for
+/// the step loop's warm-up on a waiting rank, which stops by throwing from it (pipeline/denoise.cpp).
 using BlockObserver = std::function<void(const std::string& name, const StreamState& state)>;
 
 /// Residuals added to the image tokens after blocks (ControlNet samples, models/flux/controlnet.h):
