@@ -244,9 +244,8 @@ class Worker {
                                     [&](const WorkGroup& w) { return w.start_step < setup_.steps; });
     if (first == setup_.groups.end()) return;  // a resumed job with no step left
     const WorkGroup& g = *first;
-    const std::vector<Unit> us = units(g, g.start_step);
-    const Unit& u = us.front();
-    if (u.patch >= 0 || messenger_->arrived(from)) return;
+    const Unit u = units(g, g.start_step).front();  // the whole sequence: a group's first step is exact
+    if (messenger_->arrived(from)) return;
     std::vector<at::Tensor> buffers = state_buffers(g, u);
     for (at::Tensor& b : buffers) b.zero_();
     flux::StreamState s = state_of(buffers, u);

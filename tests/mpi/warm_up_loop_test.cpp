@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "models/common/init.h"
 #include "models/flux/transformer.h"
 #include "mpi_test_main.h"
 #include "parallel/message.h"
@@ -103,7 +102,6 @@ Outcome run(const Scenario& sc, const parallel::Communicator* world, int rank, i
   const test::TinyLoopPart tiny = test::tiny_loop_part(rank, P);
   const parallel::StagePlan& plan = tiny.plan;
   const flux::FluxTransformer& part = tiny.part;
-  const parallel::StageBlocks blocks = plan.blocks(rank);
 
   DenoiseSetup setup = test::two_group_setup(sc.passes, sc.patches);
   setup.warm_up_while_waiting = sc.warm_up;
@@ -125,7 +123,7 @@ Outcome run(const Scenario& sc, const parallel::Communicator* world, int rank, i
   Outcome out;
   for (const GroupInputs& in : root.groups) out.latents.push_back(in.latents);
   out.blocks_per_call = counted.blocks_per_call;
-  out.blocks_held = (blocks.last - blocks.first + 1);
+  out.blocks_held = plan.blocks(rank).count();
   for (const WorkGroup& g : setup.groups)
     for (int64_t step = g.start_step; step < setup.steps; ++step)
       out.units += (setup.exact_step(g, step) ? 1 : setup.patches) * setup.passes;
