@@ -88,8 +88,13 @@ Communicator Communicator::split(int color, int key) const {
 
 std::vector<uint8_t> Communicator::broadcast_bytes(const std::vector<uint8_t>& value, int root) const {
   if (!handle_->mpi) return value;
+  // The members wait here for a late root (rank 0 validating or encoding while the others are
+  // ready): the size is waited for quietly, so that they leave their cores to the ranks that
+  // compute; the root sends the payload right after it, at full speed with blocking calls.
   int64_t size = static_cast<int64_t>(value.size());
-  check_mpi(MPI_Bcast(&size, 1, MPI_INT64_T, root, handle_->comm), "MPI_Bcast (size)");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibcast(&size, 1, MPI_INT64_T, root, handle_->comm, &request), "MPI_Bcast (size)");
+  wait_quietly(request, "MPI_Bcast (size)");
   std::vector<uint8_t> out = rank_ == root ? value : std::vector<uint8_t>(static_cast<size_t>(size));
   broadcast_in_place(out.data(), size, root);
   return out;
@@ -127,17 +132,26 @@ std::vector<std::vector<uint8_t>> Communicator::all_gather_bytes(const std::vect
   return out;
 }
 
+void wait_quietly(MPI_Request& request, const std::string& what, MPI_Status* status, const std::function<void()>& idle) {
+  int done = 0;
+  for (int64_t pause_us = 1;;) {
+    check_mpi(MPI_Test(&request, &done, status), what);
+    if (done) return;
+    if (idle) {
+      idle();
+      check_mpi(MPI_Test(&request, &done, status), what);
+      if (done) return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min<int64_t>(2 * pause_us, 200);
+  }
+}
+
 void Communicator::quiet_barrier() const {
   if (!handle_->mpi) return;
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibarrier(handle_->comm, &request), "MPI_Ibarrier");
-  int done = 0;
-  for (int64_t pause_us = 1;;) {
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (barrier)");
-    if (done) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-    pause_us = std::min<int64_t>(2 * pause_us, 200);
-  }
+  wait_quietly(request, "MPI_Test (barrier)");
 }
 
 }  // namespace fluxmpi::parallel

@@ -39,7 +39,8 @@ class Communicator {
   /// Collective over this communicator. The new one reports errors as exceptions, as this one.
   Communicator split(int color, int key) const;
 
-  /// The root's bytes on every member (in pieces: MPI counts are int). Collective.
+  /// The root's bytes on every member (in pieces: MPI counts are int). Collective; the members
+  /// wait for the root's first message without spinning, then receive at full speed.
   std::vector<uint8_t> broadcast_bytes(const std::vector<uint8_t>& value, int root = 0) const;
   /// The root's `bytes` bytes at `data` into every member's `data` (same size everywhere). Collective.
   void broadcast_in_place(void* data, int64_t bytes, int root = 0) const;

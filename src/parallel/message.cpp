@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <exception>
 #include <limits>
 
@@ -359,18 +358,7 @@ MessageHeader Messenger::recv_header(int source) {
   MPI_Request request = MPI_REQUEST_NULL;
   const std::string what = str_cat("MPI_Irecv (header from rank ", world_rank(source), ")");
   check_mpi(MPI_Irecv(words.data(), kHeaderWords, MPI_INT64_T, source, kHeaderTag, comm, &request), what);
-  int done = 0;
-  for (int64_t pause_us = 1;;) {
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
-    if (done) break;
-    if (idle_) {
-      idle_();
-      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
-      if (done) break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-    pause_us = std::min<int64_t>(2 * pause_us, 200);
-  }
+  wait_quietly(request, what, MPI_STATUS_IGNORE, idle_);
   return decode_header(words, world_rank(source), world_rank(comm_.rank()));
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 
 #include "core/error.h"
@@ -125,33 +126,28 @@ std::string MpiEnv::broadcast_string(const std::string& value) const {
 }
 
 std::vector<uint8_t> MpiEnv::broadcast_bytes(const std::vector<uint8_t>& value) const {
-  if (!mpi_) return value;
-  int64_t size = static_cast<int64_t>(value.size());
-  check_mpi(MPI_Bcast(&size, 1, MPI_INT64_T, 0, comms_->world), "MPI_Bcast (size)");
-  std::vector<uint8_t> out = rank_ == 0 ? value : std::vector<uint8_t>(static_cast<size_t>(size));
-  // MPI counts are int: large buffers go in pieces.
-  constexpr int64_t kPiece = int64_t{1} << 30;
-  for (int64_t offset = 0; offset < size; offset += kPiece) {
-    const int count = static_cast<int>(std::min(kPiece, size - offset));
-    check_mpi(MPI_Bcast(out.data() + offset, count, MPI_BYTE, 0, comms_->world), "MPI_Bcast (bytes)");
-  }
-  return out;
+  return world_.broadcast_bytes(value, 0);
 }
 
 std::vector<int64_t> MpiEnv::broadcast_int64s(const std::vector<int64_t>& value) const {
   if (!mpi_) return value;
-  int64_t size = static_cast<int64_t>(value.size());
-  check_mpi(MPI_Bcast(&size, 1, MPI_INT64_T, 0, comms_->world), "MPI_Bcast (size)");
-  FLUX_CHECK(size >= 0 && size < (int64_t{1} << 31), "broadcast of ", size, " int64 values");
-  std::vector<int64_t> out = rank_ == 0 ? value : std::vector<int64_t>(static_cast<size_t>(size));
-  if (size > 0) check_mpi(MPI_Bcast(out.data(), static_cast<int>(size), MPI_INT64_T, 0, comms_->world), "MPI_Bcast (int64)");
+  const auto* first = reinterpret_cast<const uint8_t*>(value.data());
+  const std::vector<uint8_t> bytes =
+      world_.broadcast_bytes(rank_ == 0 ? std::vector<uint8_t>(first, first + value.size() * sizeof(int64_t)) : std::vector<uint8_t>(), 0);
+  FLUX_CHECK(bytes.size() % sizeof(int64_t) == 0, "broadcast of ", bytes.size(), " bytes as int64 values");
+  std::vector<int64_t> out(bytes.size() / sizeof(int64_t));
+  if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 
 int MpiEnv::agree(int local_exit_code) const {
   int result = local_exit_code;
   if (!mpi_) return result;
-  check_mpi(MPI_Allreduce(&local_exit_code, &result, 1, MPI_INT, MPI_MAX, comms_->world), "MPI_Allreduce (agree)");
+  // Ranks agree after loading, where the others wait for rank 0's encoders: quietly.
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(&local_exit_code, &result, 1, MPI_INT, MPI_MAX, comms_->world, &request),
+            "MPI_Allreduce (agree)");
+  wait_quietly(request, "MPI_Allreduce (agree)");
   return result;
 }
 

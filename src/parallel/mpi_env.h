@@ -45,12 +45,14 @@ class MpiEnv {
   /// CPUs this process may run on (its affinity mask).
   int affinity_cpus() const { return affinity_cpus_; }
 
-  /// Rank 0's value on every rank. Collective.
+  /// Rank 0's value on every rank. Collective: the others wait for rank 0 without spinning
+  /// (Communicator::broadcast_bytes).
   std::string broadcast_string(const std::string& value) const;
   std::vector<uint8_t> broadcast_bytes(const std::vector<uint8_t>& value) const;
   std::vector<int64_t> broadcast_int64s(const std::vector<int64_t>& value) const;
   /// The largest exit code over all ranks, on every rank (allreduce max): after a collective phase
-  /// such as loading, every rank exits with the same code. Collective.
+  /// such as loading, every rank exits with the same code. Collective; a rank that waits for the
+  /// others sleeps between polls (wait_quietly in parallel/mpi_internal.h).
   int agree(int local_exit_code) const;
   void barrier() const;
   /// Ends the whole job now (MPI_Abort on MPI_COMM_WORLD) with `code`. For failures after start-up

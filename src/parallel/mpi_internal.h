@@ -12,6 +12,7 @@
 #endif
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 
 #include "parallel/communicator.h"
@@ -35,5 +36,14 @@ struct MpiEnv::Comms {
 
 /// Throws CommError "<what> failed on rank r: <MPI error string>" unless rc is MPI_SUCCESS.
 void check_mpi(int rc, const std::string& what);
+
+/// Completes `request` without busy-polling a core: MPI_Test, then a sleep that doubles from 1 us
+/// up to 200 us, until it is done (Open MPI's blocking calls spin, and a rank that waits for a
+/// late one would take a core from the ranks that compute beside it). `idle`, when given, runs
+/// between a test that found nothing and the pause (Messenger's warm-up). For waits on another
+/// rank (headers, barriers, small collectives), not for moving large payloads: Open MPI advances a
+/// nonblocking transfer only inside MPI calls.
+void wait_quietly(MPI_Request& request, const std::string& what, MPI_Status* status = MPI_STATUS_IGNORE,
+                  const std::function<void()>& idle = {});
 
 }  // namespace fluxmpi::parallel

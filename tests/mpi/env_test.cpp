@@ -1,13 +1,18 @@
 // The MPI environment under mpiexec (and as a singleton without it): the runtime baseline of
-// the memory model, ranks and nodes, broadcasts, agree(), device selection and the thread rule.
+// the memory model, ranks and nodes, broadcasts, agree() (and that their waiting ranks do not
+// spin), device selection and the thread rule.
 
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <functional>
+#include <thread>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -80,6 +85,40 @@ TEST(MpiEnvironment, AgreeGivesEveryRankTheSameCode) {
   const int local = r == last ? kExitBadInput : (r == 0 ? kExitUsage : kExitOk);
   EXPECT_EQ(env().agree(local), kExitBadInput);
   EXPECT_EQ(env().agree(r == last ? kExitFailure : kExitOk), kExitFailure);
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Rank 0 arrives 300 ms late at each collective; the ranks waiting for it must sleep, not poll
+// (Open MPI's blocking collectives spin a core: wall time ~= CPU time). The bound can only be
+// missed by spinning: a quiet wait uses about 1 % of its wall time, and a loaded machine lowers
+// the CPU share of a spinning wait, never that of a sleeping one.
+TEST(MpiEnvironment, RanksWaitingForRankZeroDoNotSpin) {
+  if (env().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const std::vector<std::pair<std::string, std::function<void()>>> collectives = {
+      {"agree", [] { env().agree(0); }},
+      {"broadcast_string", [] { env().broadcast_string(env().is_root() ? "plan" : ""); }},
+      {"broadcast_int64s", [] { env().broadcast_int64s(env().is_root() ? std::vector<int64_t>{7} : std::vector<int64_t>{}); }},
+      {"quiet_barrier", [] { env().world().quiet_barrier(); }},
+  };
+  for (const auto& [name, collective] : collectives) {
+    env().barrier();
+    if (env().is_root()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto wall0 = std::chrono::steady_clock::now();
+    const double cpu0 = thread_cpu_seconds();
+    collective();
+    const double cpu = thread_cpu_seconds() - cpu0;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    // 20 ms for the collective's own work, should the rank not have waited at all.
+    if (!env().is_root())
+      EXPECT_LT(cpu, 0.25 * wall + 0.02) << name << ": " << cpu << " s of CPU while waiting " << wall << " s (spinning)";
+  }
+  EXPECT_TRUE(env().broadcast_int64s(env().is_root() ? std::vector<int64_t>{} : std::vector<int64_t>{1, 2}).empty());
+  env().barrier();
 }
 
 TEST(DeviceBinding, CudaOnThisBuild) {
