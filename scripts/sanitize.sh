@@ -65,17 +65,17 @@ if [ "$asan" = 1 ]; then
   # theirs; everything fluxmpi allocates stays checked.
   export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0}
 fi
+# The test programs as ctest registers them, JOBS at a time (each runs its cases in one process).
+exact() { local IFS='|'; echo "^($*)\$"; }
 failed=()
-for t in "${unit_tests[@]}"; do
-  echo "sanitize --torch ($SANITIZERS): $t"
-  (cd "$BUILD_DIR/tests" && "./$t" --gtest_brief=1) || failed+=("$t")
-done
+echo "sanitize --torch ($SANITIZERS): ${unit_tests[*]}"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -R "$(exact "${unit_tests[@]}")" || failed+=(unit)
 # The message tests as registered (mpiexec -n 1, 2, 3). Under ASan without leak detection: Open MPI
 # unloads its components before exit, so LeakSanitizer reports what they kept with frames in
 # "<unknown module>" that no suppression can name (docs/reliability.md); invalid accesses stay fatal.
 mpi_env=()
 if [ "$asan" = 1 ]; then mpi_env=("ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0"); fi
-env "${mpi_env[@]}" ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^mpi_message' || failed+=(mpi_message)
+env "${mpi_env[@]}" ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -R '^mpi_message' || failed+=(mpi_message)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "sanitize --torch ($SANITIZERS): failed: ${failed[*]}" >&2
   exit 1
