@@ -16,7 +16,7 @@ if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 # Most of the tests' time is spent starting processes that load libtorch (about 770 fluxmpi ranks
-# and 400 test programs per run), a fifth of each start in page faults of malloc's heap: with the
+# and 190 test programs per run), a fifth of each start in page faults of malloc's heap: with the
 # heap in huge pages a rank starts in about 0.8x the time. Values do not change
 # (docs/reliability.md, "Test processes").
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}
