@@ -167,9 +167,10 @@ TEST_F(CpuLinear, LargeTensorsHaveHugePageMappingsOfTheirOwn) {
   // MADV_HUGEPAGE too when told to (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which scripts/test.sh
   // sets): the flag then cannot tell the two apart.
   at::Tensor small = empty_large({256, 1023}, at::kFloat);
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  const bool heap_in_huge_pages = tunables != nullptr && std::string(tunables).find("glibc.malloc.hugetlb=") != std::string::npos &&
-                                  std::string(tunables).find("glibc.malloc.hugetlb=0") == std::string::npos;
+  const char* env_tunables = std::getenv("GLIBC_TUNABLES");
+  const std::string tunables = env_tunables != nullptr ? env_tunables : "";
+  const bool heap_in_huge_pages = tunables.find("glibc.malloc.hugetlb=") != std::string::npos &&
+                                  tunables.find("glibc.malloc.hugetlb=0") == std::string::npos;
   if (!heap_in_huge_pages) EXPECT_EQ(mapping_flags(small.data_ptr()).find(" hg"), std::string::npos);
   at::Tensor half = empty_large({rows, cols * 2}, at::kBFloat16);  // the size in bytes decides
   EXPECT_EQ(half.scalar_type(), at::kBFloat16);
